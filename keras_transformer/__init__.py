@@ -1,0 +1,19 @@
+"""keras-transformer: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017)
+as Keras 3 layers on TensorFlow."""
+
+from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.decoder import Decoder, DecoderLayer, causal_mask
+from keras_transformer.embedding import (
+    LearnedPositionEmbedding,
+    PositionalEncoding,
+    SharedEmbedding,
+    sinusoid_table,
+)
+from keras_transformer.encoder import Encoder, EncoderLayer
+from keras_transformer.feed_forward import FeedForward
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
+from keras_transformer.model import Transformer
+from keras_transformer.schedule import ScheduleCallback, TransformerSchedule, make_optimizer
+
+__version__ = "0.1.0"

@@ -1,0 +1,153 @@
+"""Scaled dot-product attention (§3.2.1) and multi-head attention (§3.2.2)."""
+
+import keras
+import tensorflow as tf
+
+# Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32.
+MASKED_SCORE = -1e9
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, dropout=None):
+    """`softmax(Q K^T / sqrt(d_k)) V` (§3.2.1, equation 1).
+
+    Args:
+        query: [..., T_q, d_k]. key: [..., T_k, d_k]. value: [..., T_k, d_v]. Leading
+            dimensions broadcast (grouped-query attention shares keys across query groups).
+        mask: optional boolean, broadcastable to [..., T_q, T_k]; True where a query may
+            attend. Masked scores get a large negative value, so a fully masked row gives
+            uniform weights, never NaN.
+        dropout: optional callable applied to the weights (attention dropout).
+
+    Returns:
+        (outputs [..., T_q, d_v] in the query's dtype, weights [..., T_q, T_k] in float32).
+    """
+    d_k = query.shape[-1]
+    query = query * tf.cast(d_k**-0.5, query.dtype)
+    scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
+    if mask is not None:
+        scores = tf.where(mask, scores, MASKED_SCORE)
+    weights = tf.nn.softmax(scores, axis=-1)
+    applied = weights if dropout is None else dropout(weights)
+    outputs = tf.matmul(tf.cast(applied, value.dtype), value)
+    return outputs, weights
+
+
+def write_cache(cache, update, index):
+    """Writes `update` [B, T, ...] into the preallocated `cache` [B, L, ...] at positions
+    index .. index + T - 1. Static shapes and core TF ops only, so it compiles under XLA and
+    serves from a SavedModel."""
+    batch_size = tf.shape(update)[0]
+    steps = tf.shape(update)[1]
+    positions = tf.cast(index, tf.int32) + tf.range(steps)
+    batch = tf.repeat(tf.range(batch_size), steps)
+    indices = tf.stack([batch, tf.tile(positions, [batch_size])], axis=-1)
+    flat = tf.reshape(update, tf.concat([[batch_size * steps], tf.shape(update)[2:]], 0))
+    return tf.tensor_scatter_nd_update(cache, indices, tf.cast(flat, cache.dtype))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (§3.2.2): h heads, each with its own projections to d_k = d_v,
+    concatenated and projected back to d_model by W^O.
+
+    `num_kv_heads` < `num_heads` shares each key/value head across a group of query heads
+    (grouped-query attention, a later variant that shrinks the decoding cache).
+
+    Call:
+        query [B, T_q, d_model]; value [B, T_k, d_model] (defaults to query: self-attention);
+        attention_mask boolean, broadcastable to [B, T_q, T_k], True where attending is allowed.
+        cache: for incremental decoding, a (key, value) pair of [B, L, kv_heads, d_k]:
+          - with `cache_index`: a preallocated self-attention buffer; the keys/values of the
+            T_q new positions are written at cache_index and attention runs over the buffer
+            (the mask must hide unwritten slots);
+          - without `cache_index`: keys/values computed once by `project_key_value`
+            (encoder-decoder attention); `value` is ignored.
+
+    Returns:
+        outputs [B, T_q, d_model], then the updated cache if one was given, then the per-head
+        weights [B, h, T_q, T_k] if `return_attention_scores`.
+    """
+
+    def __init__(self, num_heads, key_dim=None, num_kv_heads=None, dropout=0.0, use_bias=True,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}.")
+        self.attention_dropout = keras.layers.Dropout(dropout)
+
+    def build(self, query_shape, value_shape=None):
+        d_model = query_shape[-1]
+        value_width = (value_shape or query_shape)[-1]
+        self.head_dim = self.key_dim or d_model // self.num_heads
+
+        def dense(units, name, width):
+            layer = keras.layers.Dense(units, use_bias=self.use_bias, name=name,
+                                       dtype=self.dtype_policy)
+            layer.build((None, width))
+            return layer
+
+        self.query_dense = dense(self.num_heads * self.head_dim, "query", d_model)
+        self.key_dense = dense(self.num_kv_heads * self.head_dim, "key", value_width)
+        self.value_dense = dense(self.num_kv_heads * self.head_dim, "value", value_width)
+        self.output_dense = dense(d_model, "attention_output", self.num_heads * self.head_dim)
+
+    def _split_heads(self, x, heads):
+        return tf.reshape(x, tf.concat([tf.shape(x)[:2], [heads, self.head_dim]], 0))
+
+    def project_key_value(self, value):
+        """Keys and values [B, T_k, kv_heads, d_k] of `value` [B, T_k, d_model]."""
+        key = self._split_heads(self.key_dense(value), self.num_kv_heads)
+        return key, self._split_heads(self.value_dense(value), self.num_kv_heads)
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """A zeroed self-attention cache: (key, value), each [B, max_length, kv_heads, d_k]."""
+        shape = [batch_size, max_length, self.num_kv_heads, self.head_dim]
+        zeros = tf.zeros(shape, dtype or self.compute_dtype)
+        return zeros, zeros
+
+    def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
+             return_attention_scores=False, training=None):
+        groups = self.num_heads // self.num_kv_heads
+        batch_size, query_length = tf.shape(query)[0], tf.shape(query)[1]
+        q = self._split_heads(self.query_dense(query), self.num_heads)
+        if cache is not None and cache_index is None:
+            key, value_heads = cache
+        else:
+            key, value_heads = self.project_key_value(query if value is None else value)
+            if cache is not None:
+                key = write_cache(cache[0], key, cache_index)
+                value_heads = write_cache(cache[1], value_heads, cache_index)
+                cache = (key, value_heads)
+        # [B, T, h, d] -> [B, kv_heads, groups, T, d]; keys [B, kv_heads, 1, T_k, d].
+        q = tf.reshape(q, [batch_size, query_length, self.num_kv_heads, groups, self.head_dim])
+        q = tf.transpose(q, [0, 2, 3, 1, 4])
+        k = tf.transpose(key, [0, 2, 1, 3])[:, :, None]
+        v = tf.transpose(value_heads, [0, 2, 1, 3])[:, :, None]
+        mask = None if attention_mask is None else attention_mask[:, None, None]
+        dropout = None
+        if self.dropout > 0:
+            dropout = lambda w: self.attention_dropout(w, training=training)  # noqa: E731
+        outputs, weights = scaled_dot_product_attention(q, k, tf.cast(v, q.dtype), mask, dropout)
+        outputs = tf.transpose(outputs, [0, 3, 1, 2, 4])
+        outputs = tf.reshape(outputs, [batch_size, query_length, self.num_heads * self.head_dim])
+        outputs = self.output_dense(outputs)
+        results = (outputs,)
+        if cache is not None:
+            results += (cache,)
+        if return_attention_scores:
+            results += (tf.reshape(weights, [batch_size, self.num_heads, query_length, -1]),)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, query_shape, value_shape=None):
+        return query_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
+                "num_kv_heads": self.num_kv_heads, "dropout": self.dropout,
+                "use_bias": self.use_bias}

@@ -1,0 +1,80 @@
+"""Model configuration: one dataclass, with the paper's sizes as named presets (Table 3)."""
+
+import dataclasses
+
+PRESETS = {
+    # Small enough to train in minutes on two CPU cores; used by tests and the sample corpus.
+    "tiny": dict(
+        num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout=0.1, vocab_size=8000,
+        train_steps=4000, warmup_steps=400,
+    ),
+    # Table 3, "base": 65M parameters, 100k steps.
+    "base": dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout=0.1),
+    # Table 3, "big": 213M parameters, 300k steps, P_drop 0.3 for EN-DE.
+    "big": dict(
+        num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout=0.3, train_steps=300_000
+    ),
+}
+
+
+@dataclasses.dataclass
+class TransformerConfig:
+    """Every knob of Table 3, with the paper's base model as the defaults.
+
+    `key_dim` is d_k = d_v (default d_model / num_heads, rows A and B of Table 3 set it).
+    `num_kv_heads` below `num_heads` gives grouped-query attention (a post-2017 variant).
+    `position` is "sinusoidal" (§3.5) or "learned" (Table 3 row E). `norm_first` switches the
+    paper's post-LN sub-layers to pre-LN with a final norm (a later variant).
+    `max_length` bounds learned positions and the decoding cache.
+    """
+
+    vocab_size: int = 37_000
+    num_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    key_dim: int | None = None
+    num_kv_heads: int | None = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    position: str = "sinusoidal"
+    max_length: int = 1024
+    norm_first: bool = False
+    layer_norm_epsilon: float = 1e-6
+    pad_id: int = 0
+    warmup_steps: int = 4000
+    train_steps: int = 100_000
+
+    def __post_init__(self):
+        if self.position not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"position={self.position!r}: use 'sinusoidal' (§3.5) or 'learned' (Table 3 E)."
+            )
+        if self.key_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}: "
+                "set key_dim explicitly."
+            )
+        kv_heads = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={kv_heads}."
+            )
+
+    @classmethod
+    def preset(cls, name, **overrides):
+        """`TransformerConfig.preset("base", dropout=0.2)`: a named size plus overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown TransformerConfig fields: {sorted(unknown)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        return cls(**values)

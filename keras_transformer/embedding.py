@@ -1,0 +1,117 @@
+"""Embeddings and positional encodings (§3.4, §3.5)."""
+
+import math
+
+import keras
+import tensorflow as tf
+
+
+def sinusoid_table(positions, d_model, max_wavelength=10000.0):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5).
+
+    `positions` is a 1-D tensor; the table [len(positions), d_model] is computed in float32
+    (bfloat16 cannot tell position 256 from 257).
+    """
+    positions = tf.cast(positions, tf.float32)[:, None]
+    even = tf.range(0, d_model, 2, dtype=tf.float32)
+    angles = positions / tf.pow(tf.constant(max_wavelength, tf.float32), even / d_model)
+    interleaved = tf.stack([tf.sin(angles), tf.cos(angles)], axis=-1)  # sin on 2i, cos on 2i+1
+    return tf.reshape(interleaved, [-1, 2 * even.shape[0]])[:, :d_model]
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(keras.layers.Layer):
+    """The fixed sinusoidal positional encoding of §3.5, interleaved.
+
+    Call: inputs [B, T, d_model] (only the shape is used), `start_index` the position of the
+    first step (decoding one token at a time passes the current step).
+    Returns: the encodings [1, T, d_model] in the layer's compute dtype, to add to inputs.
+    """
+
+    def __init__(self, max_wavelength=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = max_wavelength
+
+    def call(self, inputs, start_index=0):
+        length = tf.shape(inputs)[1]
+        positions = tf.range(length) + tf.cast(start_index, tf.int32)
+        table = sinusoid_table(positions, inputs.shape[-1], self.max_wavelength)
+        return tf.cast(table, self.compute_dtype)[None]
+
+    def compute_output_shape(self, input_shape):
+        return (1,) + tuple(input_shape[1:])
+
+    def get_config(self):
+        return {**super().get_config(), "max_wavelength": self.max_wavelength}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LearnedPositionEmbedding(keras.layers.Layer):
+    """Learned position embeddings, Table 3 row E (the paper's alternative to §3.5).
+
+    Call: inputs [B, T, d_model], `start_index`. Returns: [1, T, d_model].
+    """
+
+    def __init__(self, max_length, **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = max_length
+
+    def build(self, input_shape):
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(self.max_length, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=input_shape[-1] ** -0.5),
+        )
+
+    def call(self, inputs, start_index=0):
+        length = tf.shape(inputs)[1]
+        positions = tf.range(length) + tf.cast(start_index, tf.int32)
+        table = tf.gather(tf.cast(self.position_embeddings, self.compute_dtype), positions)
+        return table[None]
+
+    def compute_output_shape(self, input_shape):
+        return (1,) + tuple(input_shape[1:])
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SharedEmbedding(keras.layers.Layer):
+    """One weight matrix [vocab_size, d_model] for the source embedding, the target embedding
+    and the pre-softmax linear map (§3.4). Embeddings are multiplied by sqrt(d_model).
+
+    Call: ids [B, T] int -> [B, T, d_model].
+    `logits(x)`: x [B, T, d_model] -> [B, T, vocab_size] in float32, x W^T (no bias).
+    """
+
+    def __init__(self, vocab_size, d_model, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.vocab_size, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
+        )
+
+    def call(self, ids):
+        table = tf.cast(self.embeddings, self.compute_dtype)
+        return tf.gather(table, ids) * tf.cast(math.sqrt(self.d_model), self.compute_dtype)
+
+    def logits(self, x):
+        table = tf.cast(self.embeddings, x.dtype)
+        return tf.cast(tf.matmul(x, table, transpose_b=True), tf.float32)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.d_model,)
+
+    def get_config(self):
+        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}
+
+
+def make_position_layer(kind, max_length, dtype=None):
+    """The position layer a config names: "sinusoidal" (§3.5) or "learned" (Table 3 row E)."""
+    if kind == "learned":
+        return LearnedPositionEmbedding(max_length, name="positions", dtype=dtype)
+    return PositionalEncoding(name="positions", dtype=dtype)

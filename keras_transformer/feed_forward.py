@@ -1,0 +1,43 @@
+"""Position-wise feed-forward network (§3.3) and the residual sub-layer wrapper (§3, §5.4)."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FeedForward(keras.layers.Layer):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, equation 2): the same weights at every position.
+
+    Call: x [B, T, d_model] -> [B, T, d_model]; the inner width is d_ff.
+    """
+
+    def __init__(self, d_ff, **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = d_ff
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.inner = keras.layers.Dense(self.d_ff, activation="relu", name="inner",
+                                        dtype=self.dtype_policy)
+        self.inner.build((None, d_model))
+        self.outer = keras.layers.Dense(d_model, name="outer", dtype=self.dtype_policy)
+        self.outer.build((None, self.d_ff))
+
+    def call(self, x):
+        return self.outer(self.inner(x))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "d_ff": self.d_ff}
+
+
+def residual(x, sublayer, norm, dropout, norm_first, training=None):
+    """LayerNorm(x + Dropout(Sublayer(x))) as in the paper (post-LN), or, with `norm_first`,
+    x + Dropout(Sublayer(LayerNorm(x))) (pre-LN). `sublayer` returns its output first and may
+    return extras (a cache, attention weights), which are passed through."""
+    out = sublayer(norm(x) if norm_first else x)
+    out, extras = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+    y = x + dropout(out, training=training)
+    y = y if norm_first else norm(y)
+    return (y,) + extras if extras else y

@@ -1,0 +1,85 @@
+"""The label-smoothed cross-entropy of §5.4 and a masked token accuracy."""
+
+import keras
+import tensorflow as tf
+
+
+def global_sum(value):
+    """Sum of `value` over all replicas when called inside a replica context."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy against (1 - eps) * one_hot(y) + eps / V (label smoothing, §5.4), on
+    logits, ignoring padding.
+
+    `call(y_true [B, T], y_pred [B, T, V])` returns per-token losses [B, T] (0 on padding).
+    Calling the loss returns the mean over the real tokens of the *global* batch: each replica
+    returns its sum divided by the token count summed over all replicas, so the replicas'
+    contributions add up (as Keras and `tf.distribute` expect) to exactly the single-device
+    loss, whatever the number of real tokens on each replica. `sample_weight`, if given,
+    weights tokens ([B] or [B, T]).
+    """
+
+    def __init__(self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy",
+                 **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = label_smoothing
+        self.pad_id = pad_id
+
+    def call(self, y_true, y_pred):
+        log_probs = tf.nn.log_softmax(tf.cast(y_pred, tf.float32), axis=-1)
+        y_true = tf.cast(y_true, tf.int32)
+        nll = -tf.gather(log_probs, y_true, axis=-1, batch_dims=y_true.shape.rank)
+        uniform = -tf.reduce_mean(log_probs, axis=-1)
+        eps = self.label_smoothing
+        losses = (1.0 - eps) * nll + eps * uniform
+        return tf.where(tf.not_equal(y_true, self.pad_id), losses, 0.0)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        with tf.name_scope(self.name):
+            losses = self.call(y_true, y_pred)
+            weights = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
+            if sample_weight is not None:
+                sample_weight = tf.cast(sample_weight, tf.float32)
+                if sample_weight.shape.rank == 1:
+                    sample_weight = sample_weight[:, None]
+                weights = weights * sample_weight
+            total = tf.reduce_sum(losses * weights)
+            return tf.math.divide_no_nan(total, global_sum(tf.reduce_sum(weights)))
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing,
+                "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedTokenAccuracy(keras.metrics.Metric):
+    """Share of real (non-padding) target tokens whose arg-max prediction is correct."""
+
+    def __init__(self, pad_id=0, name="token_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = tf.cast(y_true, tf.int32)
+        real = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
+        hits = tf.cast(tf.equal(tf.argmax(y_pred, -1, output_type=tf.int32), y_true), tf.float32)
+        self.correct.assign_add(tf.reduce_sum(hits * real))
+        self.count.assign_add(tf.reduce_sum(real))
+
+    def result(self):
+        return tf.math.divide_no_nan(self.correct, self.count)
+
+    def reset_state(self):
+        self.correct.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}

@@ -1,0 +1,93 @@
+"""The full encoder-decoder Transformer (§3, Figure 1)."""
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.decoder import Decoder
+from keras_transformer.embedding import SharedEmbedding
+from keras_transformer.encoder import Encoder
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of §3: a shared embedding (§3.4), the encoder and the decoder (§3.1),
+    and the pre-softmax linear map tied to the embedding.
+
+    Call: {"source_ids": [B, S] int, "target_ids": [B, T] int} (the target shifted right; pad
+    id `config.pad_id`). Returns logits [B, T, vocab_size] in float32. Padding masks are built
+    from the ids, so padding never changes a real position's output.
+
+    For decoding: `encode`, `init_cache` and `decode_step` (one position per call).
+    """
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        self.config = config or TransformerConfig()
+        c = self.config
+        stack_args = dict(num_layers=c.num_layers, num_heads=c.num_heads, d_ff=c.d_ff,
+                          key_dim=c.key_dim, num_kv_heads=c.num_kv_heads, dropout=c.dropout,
+                          attention_dropout=c.attention_dropout, norm_first=c.norm_first,
+                          layer_norm_epsilon=c.layer_norm_epsilon, position=c.position,
+                          max_length=c.max_length, dtype=self.dtype_policy)
+        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, name="shared_embedding",
+                                         dtype=self.dtype_policy)
+        self.encoder = Encoder(**stack_args, name="encoder")
+        self.decoder = Decoder(**stack_args, name="decoder")
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.config.d_model)
+        self.embedding.build()
+        self.encoder.build(shape)
+        self.decoder.build(shape, shape)
+        self.built = True
+
+    def padding_mask(self, ids):
+        return tf.not_equal(ids, self.config.pad_id)
+
+    def encode(self, source_ids, return_attention_scores=False, training=None):
+        """source_ids [B, S] -> memory [B, S, d_model] (and per-layer weights if asked)."""
+        return self.encoder(self.embedding(source_ids), self.padding_mask(source_ids),
+                            return_attention_scores=return_attention_scores, training=training)
+
+    def decode(self, target_ids, memory, source_ids, return_attention_scores=False,
+               training=None):
+        """Logits [B, T, vocab_size] (float32) of the shifted-right target against memory."""
+        out = self.decoder(self.embedding(target_ids), memory, self.padding_mask(target_ids),
+                           self.padding_mask(source_ids),
+                           return_attention_scores=return_attention_scores, training=training)
+        if return_attention_scores:
+            return self.embedding.logits(out[0]), out[1]
+        return self.embedding.logits(out)
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        memory = self.encode(source_ids, training=training)
+        return self.decode(target_ids, memory, source_ids, training=training)
+
+    def init_cache(self, memory, max_length):
+        """Per-layer decoding caches: self-attention buffers of `max_length` positions and
+        encoder-decoder keys/values computed once from `memory`."""
+        return self.decoder.init_cache(memory, max_length)
+
+    def decode_step(self, token_ids, cache, index, memory_mask, return_attention_scores=False):
+        """One decoding step (inference mode).
+
+        token_ids [B, 1] at position `index`; cache from `init_cache`; memory_mask [B, S] bool.
+        Returns (logits [B, vocab_size] float32, new cache), plus the per-layer attention
+        weights if asked.
+        """
+        out = self.decoder(self.embedding(token_ids), None, memory_mask=memory_mask,
+                           cache=cache, cache_index=index,
+                           return_attention_scores=return_attention_scores, training=False)
+        logits = self.embedding.logits(out[0])[:, -1]
+        return (logits,) + tuple(out[1:])
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

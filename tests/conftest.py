@@ -1,0 +1,47 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Two logical CPU devices, so MirroredStrategy tests run two replicas on one machine. This must
+# happen before TensorFlow initialises its devices, hence at import time.
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
+)
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    """Every test starts and ends under float32, whatever it set."""
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def small_config(**overrides):
+    from keras_transformer import TransformerConfig
+
+    values = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, vocab_size=50, dropout=0.0,
+                  max_length=64)
+    values.update(overrides)
+    return TransformerConfig.preset("tiny", **values)
+
+
+def random_ids(rng, batch, length, vocab, min_length=1):
+    """Ids in [3, vocab) with per-row lengths, zero-padded at the end."""
+    ids = np.zeros((batch, length), np.int32)
+    for row in range(batch):
+        n = rng.integers(min_length, length + 1)
+        ids[row, :n] = rng.integers(3, vocab, n)
+    return ids

@@ -1,0 +1,83 @@
+import keras
+import numpy as np
+import tensorflow as tf
+from conftest import random_ids, small_config
+
+import keras_transformer as kt
+
+
+def numpy_label_smoothing(labels, logits, eps, pad_id=0):
+    logits = logits - logits.max(-1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    target = np.full(logits.shape, eps / vocab)
+    np.put_along_axis(target, labels[..., None], 1 - eps + eps / vocab, axis=-1)
+    per_token = -(target * log_probs).sum(-1)
+    real = labels != pad_id
+    return per_token * real, per_token[real].mean()
+
+
+def test_label_smoothing_matches_numpy(rng):
+    labels = random_ids(rng, 4, 6, 11)
+    logits = rng.normal(size=(4, 6, 11)) * 3
+    loss = kt.LabelSmoothedCrossEntropy(0.1)
+    ref_tokens, ref_mean = numpy_label_smoothing(labels, logits, 0.1)
+    np.testing.assert_allclose(loss.call(tf.constant(labels), tf.constant(logits, tf.float32)),
+                               ref_tokens, rtol=1e-5)
+    np.testing.assert_allclose(loss(tf.constant(labels), tf.constant(logits, tf.float32)),
+                               ref_mean, rtol=1e-5)
+
+
+def test_without_smoothing_equals_keras_sparse_cross_entropy(rng):
+    labels = random_ids(rng, 4, 6, 11)
+    logits = rng.normal(size=(4, 6, 11)).astype(np.float32)
+    ours = kt.LabelSmoothedCrossEntropy(0.0)(labels, logits)
+    keras_tokens = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    np.testing.assert_allclose(ours, np.asarray(keras_tokens)[labels != 0].mean(), rtol=1e-5)
+
+
+def test_masked_token_accuracy_counts_real_tokens_only():
+    metric = kt.MaskedTokenAccuracy()
+    labels = np.array([[3, 4, 0], [5, 0, 0]])
+    logits = np.zeros((2, 3, 6), np.float32)
+    logits[0, 0, 3] = logits[0, 1, 5] = logits[1, 0, 5] = 1  # 2 of 3 real tokens right
+    metric.update_state(labels, logits)
+    assert float(metric.result()) == np.float32(2 / 3)
+
+
+def loss_and_gradients(strategy, weights, inputs, labels):
+    """Loss and gradients of one global batch, computed the way `model.fit` does."""
+    with strategy.scope():
+        model = kt.Transformer(small_config())
+        model.build()
+        model.set_weights(weights)
+        loss_fn = kt.LabelSmoothedCrossEntropy(0.1)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=False))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    dataset = tf.data.Dataset.from_tensors((inputs, labels))
+    x, y = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    loss, grads = strategy.run(tf.function(step), args=(x, y))
+    reduce = lambda v: strategy.reduce("SUM", v, axis=None)  # noqa: E731
+    return reduce(loss).numpy(), [reduce(g).numpy() for g in grads]
+
+
+def test_mirrored_loss_and_gradients_equal_single_device(rng):
+    model = kt.Transformer(small_config())
+    model.build()
+    weights = model.get_weights()
+    # Uneven lengths: the two replicas hold different numbers of real target tokens.
+    inputs = {"source_ids": random_ids(rng, 4, 6, 50), "target_ids": random_ids(rng, 4, 5, 50)}
+    inputs["target_ids"][:2, 1:] = 0
+    labels = np.roll(inputs["target_ids"], -1, axis=1)
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    single_loss, single_grads = loss_and_gradients(tf.distribute.get_strategy(), weights,
+                                                   inputs, labels)
+    loss, grads = loss_and_gradients(mirrored, weights, inputs, labels)
+    np.testing.assert_allclose(loss, single_loss, rtol=1e-5)
+    for g, ref in zip(grads, single_grads):
+        np.testing.assert_allclose(g, ref, atol=1e-6, rtol=1e-4)
