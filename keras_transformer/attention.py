@@ -64,7 +64,7 @@ class MultiHeadAttention(keras.layers.Layer):
             (encoder-decoder attention); `value` is ignored.
 
     Returns:
-        outputs [B, T_q, d_model], then the updated cache if one was given, then the per-head
+        outputs [B, T_q, d_model], then the updated cache if `cache_index` was given, then the per-head
         weights [B, h, T_q, T_k] if `return_attention_scores`.
     """
 
@@ -138,7 +138,7 @@ class MultiHeadAttention(keras.layers.Layer):
         outputs = tf.reshape(outputs, [batch_size, query_length, self.num_heads * self.head_dim])
         outputs = self.output_dense(outputs)
         results = (outputs,)
-        if cache is not None:
+        if cache_index is not None:
             results += (cache,)
         if return_attention_scores:
             results += (tf.reshape(weights, [batch_size, self.num_heads, query_length, -1]),)

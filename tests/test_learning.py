@@ -6,7 +6,7 @@ import pytest
 
 import keras_transformer as kt
 
-VOCAB, LENGTH, BATCH, STEPS = 20, 6, 64, 500
+VOCAB, LENGTH, BATCH, STEPS = 20, 6, 64, 300
 
 
 def reversal_pairs(rng, count):
@@ -20,11 +20,12 @@ def reversal_pairs(rng, count):
 @pytest.mark.slow
 def test_tiny_preset_learns_to_reverse_sequences(rng):
     """`tiny` (3+3 layers, d_model 256) reaches >= 99% held-out token accuracy on reversing
-    6 random tokens within 500 steps of 64 sequences (about 99.2% at 400 steps when measured)."""
+    6 random tokens within 300 steps of 64 sequences (measured: 99.6% after 200 steps, and
+    99.4-99.8% from 200 to 800 steps)."""
     keras.utils.set_random_seed(0)
     config = kt.TransformerConfig.preset("tiny", vocab_size=VOCAB, dropout=0.0)
     model = kt.Transformer(config)
-    schedule = kt.TransformerSchedule(config.d_model, warmup_steps=100, scale=0.4)
+    schedule = kt.TransformerSchedule(config.d_model, warmup_steps=100, scale=0.2)
     model.compile(optimizer=kt.make_optimizer(schedule),
                   loss=kt.LabelSmoothedCrossEntropy(0.0), metrics=[kt.MaskedTokenAccuracy()])
     inputs, labels = reversal_pairs(rng, STEPS * BATCH)

@@ -1,0 +1,97 @@
+"""The shared source-target vocabulary (§5.1): SentencePiece BPE, tokenizing in the graph.
+
+Training uses the `sentencepiece` package; tokenization and detokenization use the TF Text
+SentencePiece op, so `tf.data` pipelines and exported SavedModels carry it. Normalization is
+the identity, inner whitespace is kept and unknown characters fall back to bytes, so
+detokenization gives back exactly the text that was tokenized, less leading and trailing
+whitespace (stripped before tokenizing).
+"""
+
+import hashlib
+import io
+import logging
+import pathlib
+import re
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+logger = logging.getLogger(__name__)
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """A SentencePiece model shared by source and target, with fixed special ids:
+    pad 0, BOS 1, EOS 2, unknown 3.
+
+    `tokenize(strings [N]) -> tf.RaggedTensor [N, None] int32` (stripped; no BOS/EOS added).
+    `detokenize(ids [N, L] or ragged) -> strings [N]`: stops at the first EOS and drops
+    padding and BOS.
+    """
+
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    def __init__(self, model_proto):
+        self.model_proto = bytes(model_proto)
+        self._sentencepiece = tf_text.SentencepieceTokenizer(model=self.model_proto,
+                                                             out_type=tf.int32)
+        self.vocab_size = int(self._sentencepiece.vocab_size())
+
+    @classmethod
+    def train(cls, sentences, vocab_size, max_sentences=2_000_000):
+        """Trains a BPE model on an iterable of strings (source and target sentences alike).
+        The vocabulary may come out smaller than `vocab_size` on a small corpus."""
+        import sentencepiece
+
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, model_type="bpe",
+            vocab_size=vocab_size, hard_vocab_limit=False, pad_id=PAD_ID, bos_id=BOS_ID,
+            eos_id=EOS_ID, unk_id=UNK_ID, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, byte_fallback=True, character_coverage=0.9999,
+            input_sentence_size=max_sentences, shuffle_input_sentence=True,
+            num_threads=2, minloglevel=2,
+        )
+        return cls(model.getvalue())
+
+    @classmethod
+    def load(cls, path):
+        return cls(pathlib.Path(path).read_bytes())
+
+    def save(self, path):
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.model_proto)
+        return path
+
+    def tokenize(self, strings):
+        return self._sentencepiece.tokenize(tf.strings.strip(strings))
+
+    def detokenize(self, ids):
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids, tf.int32))
+        before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
+        keep = before_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
+        return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+
+    def id_to_piece(self, ids):
+        return self._sentencepiece.id_to_string(ids)
+
+
+def load_or_train_tokenizer(sentences_fn, vocab_size, cache_dir, corpus_key):
+    """The tokenizer cached under `cache_dir` for (`corpus_key`, `vocab_size`), trained from
+    `sentences_fn()` (an iterable of training sentences) the first time."""
+    safe_key = re.sub(r"[^A-Za-z0-9_.-]+", "_", corpus_key)
+    digest = hashlib.sha1(corpus_key.encode("utf-8")).hexdigest()[:8]
+    path = pathlib.Path(cache_dir) / f"spm-{safe_key}-{digest}-{vocab_size}.model"
+    if path.exists():
+        logger.info("Loading the cached vocabulary %s", path)
+        return Tokenizer.load(path)
+    logger.info("Training a %d-piece BPE vocabulary for %s", vocab_size, corpus_key)
+    tokenizer = Tokenizer.train(sentences_fn(), vocab_size)
+    tmp = path.with_suffix(".tmp")
+    tokenizer.save(tmp)
+    tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    logger.info("Saved the vocabulary (%d pieces) to %s", tokenizer.vocab_size, path)
+    return tokenizer

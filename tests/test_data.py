@@ -1,0 +1,304 @@
+import collections
+import gzip
+import hashlib
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_transformer.data import corpora, pipeline, sample_corpus
+from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer, load_or_train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pairs = sample_corpus.sample_pairs("train")
+    return Tokenizer.train((s for pair in pairs for s in pair), 2000)
+
+
+# --- the sample corpus -------------------------------------------------------------------
+
+
+def test_sample_corpus_size_and_disjoint_splits():
+    splits = {name: sample_corpus.sample_pairs(name) for name in sample_corpus.SPLITS}
+    total = sum(len(pairs) for pairs in splits.values())
+    assert total >= 50_000
+    sources = [set(en for en, _ in pairs) for pairs in splits.values()]
+    assert sum(len(s) for s in sources) == total  # distinct within and across splits
+    assert not (sources[0] & sources[1]) and not (sources[0] & sources[2])
+    assert not (sources[1] & sources[2])
+    assert min(len(splits["validation"]), len(splits["test"])) >= 1000
+
+
+def test_sample_corpus_is_the_same_in_a_fresh_process():
+    code = ("import hashlib; from keras_transformer.data.sample_corpus import sample_pairs; "
+            "print(hashlib.sha1(repr(sample_pairs('test')).encode()).hexdigest())")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert fresh == hashlib.sha1(repr(sample_corpus.sample_pairs("test")).encode()).hexdigest()
+
+
+def test_sample_corpus_grammar():
+    pairs = sample_corpus.sample_pairs("train")
+    verb_forms = {form for verb in sample_corpus.VERBS for form in verb["de"]}
+    kinds = collections.Counter()
+    for english, german in pairs:
+        assert english[0].isupper() and german[0].isupper()
+        if ", dass " in german or ", weil " in german:  # subordinate clause: verb last
+            kinds["subordinate"] += 1
+            assert german.rstrip(".").split()[-1] in verb_forms
+        if english.endswith("?"):  # question: verb first
+            kinds["question"] += 1
+            assert german.endswith("?") and german.split()[0].lower() in verb_forms
+        if " no " in f" {english} ":
+            kinds["kein"] += 1
+            assert "kein" in german
+        if " not " in english:
+            kinds["nicht"] += 1
+            assert "nicht" in german
+        for article in ("dem ", "einem ", "den "):
+            kinds[article] += german.count(article)
+    assert min(kinds.values()) > 1000, kinds
+
+
+def noun(english, plural=False, determiner="the", adjective=None):
+    entry = next(n for n in sample_corpus.NOUNS if n[0] == english)
+    adj = next((a for a in sample_corpus.ADJECTIVES if a[0] == adjective), None)
+    return sample_corpus.NounPhrase(entry, plural, determiner, adj)
+
+
+@pytest.mark.parametrize("phrase, case, negated, english, german", [
+    (noun("man"), "acc", False, "the man", "den Mann"),
+    (noun("man", True), "dat", False, "the men", "den Männern"),
+    (noun("child", False, "a", "old"), "nom", False, "an old child", "ein altes Kind"),
+    (noun("dog", False, "a"), "acc", True, "no dog", "keinen Hund"),
+    (noun("woman", False, "a", "tired"), "dat", False, "a tired woman", "einer müden Frau"),
+    (noun("man", True, "none", "old"), "dat", False, "old men", "alten Männern"),
+    (noun("car", True, "none", "red"), "acc", True, "no red cars", "keine roten Autos"),
+    (noun("dog", False, "the", "big"), "nom", False, "the big dog", "der große Hund"),
+])
+def test_noun_phrase_agreement(phrase, case, negated, english, german):
+    assert phrase.english(negated) == english
+    assert phrase.german(case, negated) == german
+
+
+def test_clause_word_order():
+    he = next(p for p in sample_corpus.PRONOUNS if p[0] == "he")
+    see, give = sample_corpus.VERBS[0], next(v for v in sample_corpus.VERBS if v["en"][0] == "give")
+    clause = sample_corpus.Clause(he, see, [("acc", noun("dog"))], negated=True)
+    assert clause.english() == "he does not see the dog"
+    assert clause.german_main() == "er sieht den Hund nicht"
+    assert clause.german_subordinate() == "er den Hund nicht sieht"
+    clause = sample_corpus.Clause(noun("woman"), give,
+                                  [("dat", noun("child")), ("acc", noun("book", False, "a"))],
+                                  negated=True)
+    assert clause.english() == "the woman gives the child no book"
+    assert clause.german_main() == "die Frau gibt dem Kind kein Buch"
+    question = sample_corpus.Clause(noun("man", True), see,
+                                    [("acc", noun("cat"))], negated=False)
+    assert question.english(question=True) == "Do the men see the cat?"
+    assert question.german_main(question=True) == "Sehen die Männer die Katze?"
+
+
+# --- tokenizer ---------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trip_including_non_ascii(tokenizer):
+    texts = [pair[1] for pair in sample_corpus.sample_pairs("test")[:200]]
+    texts += ["Grüße aus Köln: Äpfel, Öl & Übermaß.", "日本語のテキスト ✓", "a  double  space"]
+    ids = tokenizer.tokenize(texts)
+    assert not np.any(ids.flat_values.numpy() == tokenizer.unk_id)
+    assert [t.decode() for t in tokenizer.detokenize(ids).numpy()] == texts
+
+
+def test_detokenize_stops_at_eos_and_drops_specials(tokenizer):
+    ids = tokenizer.tokenize(["Der Hund schläft.", "Ich lache."]).to_tensor()
+    eos = np.full((2, 1), EOS_ID)
+    noisy = np.concatenate([np.full((2, 1), BOS_ID), ids, eos, ids, np.zeros((2, 3))], 1)
+    assert [t.decode() for t in tokenizer.detokenize(noisy).numpy()] == [
+        "Der Hund schläft.", "Ich lache."]
+
+
+def test_tokenizer_cache(tmp_path):
+    calls = []
+
+    def sentences():
+        calls.append(1)
+        return (s for pair in sample_corpus.sample_pairs("validation") for s in pair)
+
+    first = load_or_train_tokenizer(sentences, 500, tmp_path, "sample/validation")
+    second = load_or_train_tokenizer(sentences, 500, tmp_path, "sample/validation")
+    assert len(calls) == 1 and first.model_proto == second.model_proto
+    load_or_train_tokenizer(sentences, 400, tmp_path, "sample/validation")
+    assert len(calls) == 2 and len(list(tmp_path.glob("*.model"))) == 2
+
+
+# --- local files -------------------------------------------------------------------------
+
+
+def write(path, lines, gz=False):
+    data = b"".join(line + b"\n" for line in lines)
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+GOOD = [("The dog sleeps.", "Der Hund schläft."), ("I laugh.", "Ich lache.")]
+BAD_SOURCE = [b"   ", b"Fine.", b"\xff\xfe broken", b"Also fine."]
+BAD_TARGET = [b"Leer.", b"", "Gut.".encode(), "Auch gut.".encode()]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_parallel_files_skip_and_count_bad_lines(tmp_path, caplog, gz):
+    suffix = ".gz" if gz else ""
+    source = write(tmp_path / f"train.en{suffix}",
+                   [en.encode() for en, _ in GOOD] + BAD_SOURCE, gz)
+    target = write(tmp_path / f"train.de{suffix}",
+                   [de.encode() for _, de in GOOD] + BAD_TARGET, gz)
+    with caplog.at_level(logging.INFO):
+        pairs = [(s.decode(), t.decode())
+                 for s, t in corpora.files_dataset([source, target]).as_numpy_iterator()]
+    assert pairs == GOOD + [("Also fine.", "Auch gut.")]
+    assert "3 pairs read" in caplog.text
+    assert "2 empty" in caplog.text and "1 not valid UTF-8" in caplog.text
+
+
+def test_tsv_skips_and_counts_malformed_lines(tmp_path, caplog):
+    lines = [f"{en}\t{de}".encode() for en, de in GOOD] + [
+        b"no tab here", b"a\tb\tc", b" \tleer", b"\xc3\x28\tkaputt", "Ja.\tJa.".encode()]
+    path = write(tmp_path / "pairs.tsv.gz", lines, gz=True)
+    with caplog.at_level(logging.INFO):
+        pairs = list(corpora.read_tsv(path))
+    assert pairs == GOOD + [("Ja.", "Ja.")]
+    assert "2 not two tab-separated fields" in caplog.text
+    assert "1 empty" in caplog.text and "1 not valid UTF-8" in caplog.text
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    source = write(tmp_path / "a.en", [b"one", b"two", b"three"])
+    target = write(tmp_path / "a.de", [b"eins", b"zwei"])
+    with pytest.raises(corpora.DataError) as error:
+        corpora.files_dataset([source, target])
+    message = str(error.value)
+    assert str(source) in message and str(target) in message
+    assert "3 lines" in message and "2" in message
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(corpora.DataError, match="does not exist"):
+        corpora.files_dataset([tmp_path / "nope.tsv"])
+
+
+# --- TFDS --------------------------------------------------------------------------------
+
+
+def test_tfds_path_through_mock_data():
+    examples = [{"de": "Der Hund schläft.", "en": "The dog sleeps."},
+                {"de": "Ich lache.", "en": "I laugh."}]
+
+    def as_dataset(self, split, *args, **kwargs):
+        assert self.name == "wmt14_translate" and str(split) == "validation"
+        return tf.data.Dataset.from_generator(
+            lambda: iter(examples),
+            output_signature={"de": tf.TensorSpec([], tf.string),
+                              "en": tf.TensorSpec([], tf.string)})
+
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+        en_de = list(corpora.tfds_dataset("wmt14_translate/de-en", "validation")
+                     .as_numpy_iterator())
+        de_en = list(corpora.tfds_dataset("wmt14_translate/de-en", "validation",
+                                          source_language="de").as_numpy_iterator())
+    assert en_de == [(e["en"].encode(), e["de"].encode()) for e in examples]
+    assert de_en == [(e["de"].encode(), e["en"].encode()) for e in examples]
+
+
+def test_tfds_not_available_is_a_clear_error(tmp_path):
+    with pytest.raises(corpora.DataError) as error:
+        corpora.tfds_dataset("wmt14_translate/de-en", "validation", data_dir=str(tmp_path),
+                             download=False)
+    assert "data_dir" in str(error.value) and str(tmp_path) in str(error.value)
+    with pytest.raises(corpora.DataError, match="cannot translate"):
+        corpora.tfds_dataset("wmt14_translate/de-en", source_language="fr")
+
+
+# --- the pipeline ------------------------------------------------------------------------
+
+
+def rows(batch):
+    """The unpadded (source, target input, labels) rows of a batch."""
+    inputs, labels = batch
+    out = []
+    for src, tgt, lab in zip(inputs["source_ids"], inputs["target_ids"], labels):
+        out.append((tuple(src[src != 0]), tuple(tgt[tgt != 0]), tuple(lab[lab != 0])))
+    return out
+
+
+def expected_rows(tokenizer, pairs, max_length):
+    result = collections.Counter()
+    for source, target in pairs:
+        src = tuple(tokenizer.tokenize(source).numpy()) + (EOS_ID,)
+        tgt = tuple(tokenizer.tokenize(target).numpy())
+        if len(src) <= max_length and len(tgt) + 1 <= max_length:
+            result[(src, (BOS_ID,) + tgt, tgt + (EOS_ID,))] += 1
+    return result
+
+
+def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer):
+    pairs = sample_corpus.sample_pairs("validation")
+    max_length, budget = 14, 300
+    stats = pipeline.PipelineStats()
+    dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                    batch_tokens=budget, max_length=max_length, seed=3,
+                                    stats=stats)
+    seen = collections.Counter()
+    for batch in dataset.as_numpy_iterator():
+        inputs, labels = batch
+        assert inputs["source_ids"].size <= budget and labels.size <= budget
+        assert inputs["target_ids"].shape == labels.shape
+        seen.update(rows(batch))
+    expected = expected_rows(tokenizer, pairs, max_length)
+    assert seen == expected
+    assert stats.as_dict() == {"kept": sum(expected.values()),
+                               "too_long": len(pairs) - sum(expected.values())}
+    assert stats.as_dict()["too_long"] > 0
+
+
+def test_static_mode_shapes(tokenizer):
+    max_length, budget = 24, 512
+    allowed = pipeline.static_shapes(max_length, budget, num_replicas=4)
+    dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                    batch_tokens=budget, max_length=max_length, static=True,
+                                    num_replicas=4)
+    count = 0
+    for inputs, labels in dataset.as_numpy_iterator():
+        shapes = {inputs["source_ids"].shape, inputs["target_ids"].shape, labels.shape}
+        assert len(shapes) == 1 and shapes.pop() in allowed
+        assert labels.shape[0] % 4 == 0 and labels.size <= budget
+        count += len(labels)
+    assert count > 0.8 * len(sample_corpus.sample_pairs("validation"))
+
+
+def test_shards_per_worker_partition_the_corpus(tokenizer):
+    seen = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                        batch_tokens=400, max_length=32, shuffle=False,
+                                        input_context=context)
+        seen.append(collections.Counter(r for b in dataset.as_numpy_iterator() for r in rows(b)))
+    assert not (set(seen[0]) & set(seen[1]))
+    assert seen[0] + seen[1] == expected_rows(
+        tokenizer, sample_corpus.sample_pairs("validation"), 32)
+
+
+def test_budget_too_small_is_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="batch_tokens"):
+        pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                              batch_tokens=50, max_length=128)

@@ -1,0 +1,165 @@
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import random_ids, small_config
+
+import keras_transformer as kt
+from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+
+BOS, EOS = 1, 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.keras.utils.set_random_seed(3)
+    model = kt.Transformer(small_config(vocab_size=30))
+    model.build()
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_model():
+    """Vocabulary of 5 (pad, BOS, EOS and two words), with sharp distributions."""
+    tf.keras.utils.set_random_seed(7)
+    model = kt.Transformer(small_config(vocab_size=5, d_model=16, num_heads=2))
+    model.build()
+    model.embedding.embeddings.assign(model.embedding.embeddings * 4)
+    return model
+
+
+def test_cached_decoding_equals_full_forward_pass(model, rng):
+    source = tf.constant(random_ids(rng, 3, 7, 30))
+    target = np.concatenate([np.full((3, 1), BOS), random_ids(rng, 3, 8, 30, min_length=8)], 1)
+    full = model({"source_ids": source, "target_ids": tf.constant(target)})
+    memory = model.encode(source)
+    cache = model.init_cache(memory, 12)
+    for step in range(target.shape[1]):
+        logits, cache = model.decode_step(tf.constant(target[:, step:step + 1]), cache, step,
+                                          model.padding_mask(source))
+        np.testing.assert_allclose(logits, full[:, step], atol=1e-4)
+
+
+def enumerate_hypotheses(model, source, limit, alpha):
+    """Every hypothesis (EOS-terminated, or cut at `limit` tokens) scored by full forward
+    passes: log P(Y) / lp(|Y|), with the same log-softmax over the whole vocabulary."""
+    words = [3, 4]
+    hypotheses = []
+    for n in range(1, limit + 1):
+        last = [EOS] + (words if n == limit else [])
+        for prefix in itertools.product(words, repeat=n - 1):
+            for end in last:
+                hypotheses.append(list(prefix) + [end])
+    results = []
+    for tokens in hypotheses:
+        target = tf.constant([[BOS] + tokens[:-1]])
+        logits = model({"source_ids": tf.constant([source]), "target_ids": target})
+        log_probs = tf.nn.log_softmax(logits[0]).numpy()
+        total = sum(log_probs[t, tok] for t, tok in enumerate(tokens))
+        results.append((total / float(length_penalty(len(tokens), alpha)), tokens))
+    return sorted(results, key=lambda r: -r[0])
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0, 1.5])
+def test_wide_beam_equals_exhaustive_enumeration(tiny_vocab_model, alpha):
+    sources = [[3, 4, 0], [4, 0, 0]]  # limits: 2 + 2 and 1 + 2 tokens
+    beam = 12  # wide enough that nothing is pruned: the search must be exact
+    result = beam_search(tiny_vocab_model, tf.constant(sources), bos_id=BOS, eos_id=EOS,
+                         beam_size=beam, alpha=alpha, max_extra=2)
+    for row, source in enumerate(sources):
+        limit = sum(t != 0 for t in source) + 2
+        expected = enumerate_hypotheses(tiny_vocab_model, source, limit, alpha)[:beam]
+        found = [(float(score), [int(t) for t in seq if t != 0])
+                 for score, seq in zip(result["scores"][row], result["sequences"][row])
+                 if score > -1e8]
+        assert [tokens for _, tokens in found] == [tokens for _, tokens in expected][:len(found)]
+        np.testing.assert_allclose([s for s, _ in found], [s for s, _ in expected][:len(found)],
+                                   rtol=1e-4)
+        assert found[0][1] == expected[0][1]
+
+
+def test_paper_beam_finds_a_scored_hypothesis(tiny_vocab_model):
+    source = [3, 4, 0]
+    result = beam_search(tiny_vocab_model, tf.constant([source]), bos_id=BOS, eos_id=EOS,
+                         max_extra=2)
+    scored = {tuple(tokens): score for score, tokens in
+              enumerate_hypotheses(tiny_vocab_model, source, 4, 0.6)}
+    best = tuple(int(t) for t in result["sequences"][0, 0] if t != 0)
+    np.testing.assert_allclose(float(result["scores"][0, 0]), scored[best], rtol=1e-4)
+    assert scored[best] <= max(scored.values()) + 1e-6
+
+
+def test_beam_of_one_equals_greedy(model, rng):
+    source = tf.constant(random_ids(rng, 4, 6, 30))
+    greedy = greedy_search(model, source, bos_id=BOS, eos_id=EOS, max_extra=8)
+    beam = beam_search(model, source, bos_id=BOS, eos_id=EOS, beam_size=1, alpha=0.0,
+                       max_extra=8)
+    np.testing.assert_array_equal(beam["sequences"][:, 0], greedy["sequences"])
+    np.testing.assert_allclose(beam["scores"][:, 0], greedy["scores"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_batch_equals_one_source_at_a_time(model, rng, search):
+    sources = random_ids(rng, 4, 6, 30)
+    decode = (lambda ids: greedy_search(model, ids, bos_id=BOS, eos_id=EOS, max_extra=5)) \
+        if search == "greedy" else \
+        (lambda ids: beam_search(model, ids, bos_id=BOS, eos_id=EOS, max_extra=5))
+    batch = decode(tf.constant(sources))
+    for row in range(len(sources)):
+        length = int((sources[row] != 0).sum())
+        alone = decode(tf.constant(sources[row:row + 1, :length]))
+        width = alone["sequences"].shape[-1]
+        np.testing.assert_array_equal(batch["sequences"][row][..., :width],
+                                      alone["sequences"][0])
+        assert np.all(batch["sequences"][row][..., width:] == 0)
+        np.testing.assert_allclose(batch["scores"][row], alone["scores"][0], rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_limits_and_eos(model, rng):
+    sources = random_ids(rng, 6, 5, 30)
+    max_extra = 3
+    for result in (greedy_search(model, tf.constant(sources), bos_id=BOS, eos_id=EOS,
+                                 max_extra=max_extra),
+                   beam_search(model, tf.constant(sources), bos_id=BOS, eos_id=EOS,
+                               max_extra=max_extra)):
+        sequences = result["sequences"].numpy().reshape(len(sources), -1,
+                                                        result["sequences"].shape[-1])
+        for row, hyps in enumerate(sequences):
+            limit = (sources[row] != 0).sum() + max_extra
+            for seq in hyps:
+                length = int((seq != 0).sum())
+                assert 1 <= length <= limit
+                assert np.all(seq[:length] != 0) and np.all(seq[length:] == 0)
+                assert EOS not in seq[:length - 1]  # EOS ends a hypothesis
+                assert seq[length - 1] == EOS or length == limit
+
+
+def test_decoding_compiles_under_xla(model, rng):
+    source = tf.constant(random_ids(rng, 3, 6, 30))
+    for search in (greedy_search, beam_search):
+        plain = search(model, source, bos_id=BOS, eos_id=EOS, max_extra=4)
+        compiled = search(model, source, bos_id=BOS, eos_id=EOS, max_extra=4, jit_compile=True)
+        np.testing.assert_array_equal(compiled["sequences"], plain["sequences"])
+        np.testing.assert_allclose(compiled["scores"], plain["scores"], rtol=1e-4, atol=1e-4)
+
+
+def test_cross_attention_of_the_chosen_hypothesis(model, rng):
+    source = tf.constant(random_ids(rng, 2, 6, 30, min_length=3))
+    result = beam_search(model, source, bos_id=BOS, eos_id=EOS, max_extra=4,
+                         return_attention=True)
+    attention = result["attention"].numpy()
+    assert attention.shape == (2, 4, 10, 6)
+    sequences = result["sequences"].numpy()
+    real = sequences != 0
+    np.testing.assert_allclose(attention[real].sum(-1), 1.0, atol=1e-5)
+    padding = (source.numpy() == 0)[:, None, None, :]
+    assert np.all(np.where(np.broadcast_to(padding, attention.shape), attention, 0) < 1e-6)
+    # The best hypothesis's weights equal a teacher-forced pass over it (a second code path).
+    best = sequences[:, 0]
+    inputs = np.concatenate([np.full((2, 1), BOS), best[:, :-1]], 1)
+    memory = model.encode(source)
+    _, weights = model.decode(tf.constant(inputs), memory, source, return_attention_scores=True)
+    forced = tf.reduce_mean(weights[-1]["cross"], axis=1).numpy()
+    np.testing.assert_allclose(attention[:, 0][real[:, 0]], forced[real[:, 0]], atol=1e-4)
