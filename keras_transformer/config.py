@@ -17,6 +17,10 @@ PRESETS = {
 }
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names it and says what to change."""
+
+
 @dataclasses.dataclass
 class TransformerConfig:
     """Every knob of Table 3, with the paper's base model as the defaults.
@@ -48,17 +52,17 @@ class TransformerConfig:
 
     def __post_init__(self):
         if self.position not in ("sinusoidal", "learned"):
-            raise ValueError(
+            raise ConfigError(
                 f"position={self.position!r}: use 'sinusoidal' (§3.5) or 'learned' (Table 3 E)."
             )
         if self.key_dim is None and self.d_model % self.num_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}: "
                 "set key_dim explicitly."
             )
         kv_heads = self.num_kv_heads or self.num_heads
         if self.num_heads % kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={kv_heads}."
             )
 
@@ -66,10 +70,10 @@ class TransformerConfig:
     def preset(cls, name, **overrides):
         """`TransformerConfig.preset("base", dropout=0.2)`: a named size plus overrides."""
         if name not in PRESETS:
-            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+            raise ConfigError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"Unknown TransformerConfig fields: {sorted(unknown)}.")
+            raise ConfigError(f"Unknown TransformerConfig fields: {sorted(unknown)}.")
         return cls(**{**PRESETS[name], **overrides})
 
     def to_dict(self):

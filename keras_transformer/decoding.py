@@ -27,31 +27,58 @@ def _setup(model, source_ids, max_extra, copies):
     source_ids = tf.cast(source_ids, tf.int32)
     source_mask = model.padding_mask(source_ids)
     source_lengths = tf.reduce_sum(tf.cast(source_mask, tf.int32), axis=1)
-    if source_ids.shape[1] is not None:  # a static length keeps every loop shape static
+    if source_ids.shape[1] is not None and isinstance(max_extra, int):
+        # A static length keeps every loop shape static (XLA, TPUs).
         max_steps = min(source_ids.shape[1] + max_extra, model.config.max_length)
     else:
         max_steps = tf.minimum(tf.shape(source_ids)[1] + max_extra, model.config.max_length)
     limits = tf.minimum(source_lengths + max_extra, max_steps)
     batch = source_ids.shape[0] if source_ids.shape[0] is not None else tf.shape(source_ids)[0]
     memory = model.encode(source_ids, training=False)
-    if copies > 1:
+    if not isinstance(copies, int) or copies > 1:
         memory = tf.repeat(memory, copies, axis=0)
         source_mask = tf.repeat(source_mask, copies, axis=0)
     return memory, source_mask, limits, max_steps, batch
 
 
-def _step_log_probs(model, tokens, cache, index, memory_mask, bos_id, scores):
+def _init_cache(model, memory, max_steps, use_cache):
+    """Preallocated self-attention caches, or (use_cache=False) a buffer of decoder inputs
+    whose whole prefix is run through the decoder at every step."""
+    if use_cache:
+        return model.init_cache(memory, max_steps)
+    return {"prefix": tf.zeros([tf.shape(memory)[0], max_steps], tf.int32)}
+
+
+def _reorder(cache, parents):
+    """The per-hypothesis part of the cache, following each hypothesis's parent. The
+    encoder-decoder keys/values are the same for every beam of a source: left alone."""
+    if isinstance(cache, dict):
+        return {"prefix": tf.gather(cache["prefix"], parents)}
+    return [{**layer, "key": tf.gather(layer["key"], parents),
+             "value": tf.gather(layer["value"], parents)} for layer in cache]
+
+
+def _step_log_probs(model, tokens, cache, index, memory, memory_mask, bos_id, scores):
     """Log-probabilities [N, V] of the next token; padding and BOS are never generated."""
-    out = model.decode_step(tokens[:, None], cache, index, memory_mask,
-                            return_attention_scores=scores)
-    log_probs = tf.nn.log_softmax(out[0], axis=-1)
+    if isinstance(cache, dict):  # no cache: run the decoder over the whole prefix
+        prefix = _write_token(cache["prefix"], index, tokens)
+        out = model.decoder(model.embedding(prefix[:, :index + 1]), memory,
+                            memory_mask=memory_mask, return_attention_scores=scores,
+                            training=False)
+        hidden, weights = out if scores else (out, None)
+        logits, cache = model.embedding.logits(hidden[:, -1]), {"prefix": prefix}
+    else:
+        out = model.decode_step(tokens[:, None], cache, index, memory_mask,
+                                return_attention_scores=scores)
+        logits, cache, weights = out if scores else out + (None,)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)
     vocab = tf.shape(log_probs)[-1]
     banned = tf.reduce_sum(tf.one_hot([model.config.pad_id, bos_id], vocab), axis=0) > 0
     log_probs = tf.where(banned, DEAD, log_probs)
     attention = None
     if scores:  # cross-attention of the last layer, averaged over heads: [N, S]
-        attention = tf.reduce_mean(out[2][-1]["cross"][:, :, -1], axis=1)
-    return log_probs, out[1], attention
+        attention = tf.reduce_mean(weights[-1]["cross"][:, :, -1], axis=1)
+    return log_probs, cache, attention
 
 
 def _write_token(sequences, index, tokens):
@@ -78,7 +105,7 @@ def _cached(model, kind, settings, fn):
 
 
 def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
-                  return_attention=False, jit_compile=False):
+                  return_attention=False, jit_compile=False, use_cache=True):
     """Greedy decoding: the most probable token at each step, until EOS or the limit.
 
     Args:
@@ -86,25 +113,27 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
         return_attention: also return the cross-attention of the last decoder layer,
             averaged over heads, for each generated token.
         jit_compile: for eager calls, compile the decoding function with XLA.
+        use_cache: False runs the decoder over the whole prefix at every step instead (slower;
+            for comparison; not compilable with XLA, whose shapes must not vary).
     Returns:
         dict with "sequences" [B, L] int32 (L = S + max_extra, capped by config.max_length),
         "scores" [B] (the sum of the tokens' log-probabilities) and, if asked, "attention"
         [B, L, S].
     """
-    settings = (bos_id, eos_id, max_extra, return_attention, jit_compile)
+    settings = (bos_id, eos_id, max_extra, return_attention, use_cache, jit_compile)
     function = _cached(model, "greedy", settings, lambda ids: greedy_search(
         model, ids, bos_id=bos_id, eos_id=eos_id, max_extra=max_extra,
-        return_attention=return_attention))
+        return_attention=return_attention, use_cache=use_cache))
     if function is not None:
         return function(source_ids)
 
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, 1)
     source_width = tf.shape(memory)[1]
-    cache = model.init_cache(memory, max_steps)
+    cache = _init_cache(model, memory, max_steps, use_cache)
 
     def body(i, tokens, sequences, scores, finished, attention, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory_mask,
-                                                    bos_id, return_attention)
+        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory,
+                                                    memory_mask, bos_id, return_attention)
         next_tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         next_tokens = tf.where(finished, model.config.pad_id, next_tokens)
         best = tf.reduce_max(log_probs, axis=-1)
@@ -129,7 +158,7 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
 
 
 def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, max_extra=50,
-                return_attention=False, jit_compile=False):
+                return_attention=False, jit_compile=False, use_cache=True):
     """Beam search with the GNMT length penalty, as the paper decodes (§6.1: beam 4,
     alpha 0.6, at most input length + 50 tokens, early termination).
 
@@ -142,32 +171,36 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
 
     With alpha > 0 a beam of 1 can differ from greedy search: after the best token is EOS it
     keeps extending the runner-up while a longer hypothesis could still score higher.
+    `return_attention`, `jit_compile` and `use_cache` are as in `greedy_search`.
+
+    `beam_size`, `alpha` and `max_extra` may be tensors (a serving signature takes them per
+    request); shapes are then dynamic.
 
     Returns:
         dict with "sequences" [B, K, L] int32 (n-best, best first; L = S + max_extra capped
         by config.max_length), "scores" [B, K] (length-normalised log-probabilities) and, if
         asked, "attention" [B, K, L, S].
     """
-    settings = (bos_id, eos_id, beam_size, float(alpha), max_extra, return_attention,
+    settings = (bos_id, eos_id, beam_size, alpha, max_extra, return_attention, use_cache,
                 jit_compile)
     function = _cached(model, "beam", settings, lambda ids: beam_search(
         model, ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
-        max_extra=max_extra, return_attention=return_attention))
+        max_extra=max_extra, return_attention=return_attention, use_cache=use_cache))
     if function is not None:
         return function(source_ids)
 
     k = beam_size
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
     source_width = tf.shape(memory)[1]
-    cache = model.init_cache(memory, max_steps)
+    cache = _init_cache(model, memory, max_steps, use_cache)
     limit_penalty = length_penalty(limits, alpha)
     beam_offsets = (tf.range(batch) * k)[:, None]
     attention_width = source_width if return_attention else 0
 
     def body(i, tokens, alive_seq, alive_log_probs, alive_attention, finished_seq,
              finished_scores, finished_attention, done, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory_mask,
-                                                    bos_id, return_attention)
+        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory,
+                                                    memory_mask, bos_id, return_attention)
         vocab = tf.shape(log_probs)[-1]
         candidates = alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
         top_log_probs, top_index = tf.math.top_k(tf.reshape(candidates, [batch, -1]), 2 * k)
@@ -188,8 +221,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
         if return_attention:
             alive_attention = tf.gather(top_attention, keep, batch_dims=1)
         parents = tf.reshape(beam_offsets + tf.gather(top_beam, keep, batch_dims=1), [batch * k])
-        cache = [{**layer, "key": tf.gather(layer["key"], parents),
-                  "value": tf.gather(layer["value"], parents)} for layer in cache]
+        cache = _reorder(cache, parents)
         tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [batch * k])
 
         # The K best finished hypotheses so far, the new ones filed among them.

@@ -97,11 +97,16 @@ class SharedEmbedding(keras.layers.Layer):
 
     def call(self, ids):
         table = tf.cast(self.embeddings, self.compute_dtype)
+        ids = tf.cast(ids, tf.int32)
         return tf.gather(table, ids) * tf.cast(math.sqrt(self.d_model), self.compute_dtype)
 
     def logits(self, x):
         table = tf.cast(self.embeddings, x.dtype)
-        return tf.cast(tf.matmul(x, table, transpose_b=True), tf.float32)
+        # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
+        flat = tf.reshape(x, [-1, self.d_model])
+        logits = tf.matmul(flat, table, transpose_b=True)
+        shape = tf.concat([tf.shape(x)[:-1], [self.vocab_size]], 0)
+        return tf.cast(tf.reshape(logits, shape), tf.float32)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)

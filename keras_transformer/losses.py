@@ -32,12 +32,16 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):
-        log_probs = tf.nn.log_softmax(tf.cast(y_pred, tf.float32), axis=-1)
+        logits = tf.cast(y_pred, tf.float32)
         y_true = tf.cast(y_true, tf.int32)
-        nll = -tf.gather(log_probs, y_true, axis=-1, batch_dims=y_true.shape.rank)
-        uniform = -tf.reduce_mean(log_probs, axis=-1)
+        # -log p(y) through the fused op; the uniform part, -mean_k log p(k), equals
+        # logsumexp(logits) - mean(logits). Neither materialises log-probabilities.
+        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, logits)
         eps = self.label_smoothing
-        losses = (1.0 - eps) * nll + eps * uniform
+        losses = nll
+        if eps:
+            uniform = tf.reduce_logsumexp(logits, axis=-1) - tf.reduce_mean(logits, axis=-1)
+            losses = (1.0 - eps) * nll + eps * uniform
         return tf.where(tf.not_equal(y_true, self.pad_id), losses, 0.0)
 
     def __call__(self, y_true, y_pred, sample_weight=None):

@@ -9,6 +9,15 @@ from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 
 
+def _reducible_across_workers(logs):
+    """Keras 3 reduces step results across MultiWorkerMirroredStrategy workers with
+    `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars (tensorflow#72388);
+    [1]-shaped values reduce to the same scalar mean."""
+    if isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy):
+        return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+    return logs
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(keras.Model):
     """The Transformer of §3: a shared embedding (§3.4), the encoder and the decoder (§3.1),
@@ -45,7 +54,7 @@ class Transformer(keras.Model):
         self.built = True
 
     def padding_mask(self, ids):
-        return tf.not_equal(ids, self.config.pad_id)
+        return tf.not_equal(tf.cast(ids, tf.int32), self.config.pad_id)
 
     def encode(self, source_ids, return_attention_scores=False, training=None):
         """source_ids [B, S] -> memory [B, S, d_model] (and per-layer weights if asked)."""
@@ -84,6 +93,38 @@ class Transformer(keras.Model):
                            return_attention_scores=return_attention_scores, training=False)
         logits = self.embedding.logits(out[0])[:, -1]
         return (logits,) + tuple(out[1:])
+
+    def train_step(self, data):
+        return _reducible_across_workers(super().train_step(data))
+
+    def test_step(self, data):
+        return _reducible_across_workers(super().test_step(data))
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Under a distribution strategy Keras 3 builds the compiled loss and metrics by taking
+        # the next batch from the training iterator, which silently drops that batch from
+        # training. The model is shape-agnostic: a 1x1 batch of the same structure builds the
+        # same things and leaves the data alone.
+        if iterator is not None and getattr(self, "_distribute_strategy", None) is not None:
+            ids = tf.fill([1, 1], self.config.pad_id + 3)
+            iterator, data_batch = None, ({"source_ids": ids, "target_ids": ids}, ids, None)
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def _seed_states(self):
+        return [v for v in self.variables if "seed_generator_state" in v.path]
+
+    def save_own_variables(self, store):
+        # Keras leaves the dropout layers' random-number states out of weight files; saving
+        # them makes a run restored from a checkpoint draw the same dropout masks as one that
+        # never stopped. (The model has no variables of its own besides these.)
+        for i, state in enumerate(self._seed_states()):
+            store[f"seed_{i}"] = keras.ops.convert_to_numpy(state)
+
+    def load_own_variables(self, store):
+        states = self._seed_states()
+        if len([key for key in store.keys() if key.startswith("seed_")]) == len(states):
+            for i, state in enumerate(states):
+                state.assign(store[f"seed_{i}"])
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -32,11 +32,29 @@ class Tokenizer:
 
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
-    def __init__(self, model_proto):
+    def __init__(self, model_proto, sentencepiece=None):
+        """`sentencepiece`: a `tf_text.SentencepieceTokenizer` to use as it is (an exported
+        one reads its model from a SavedModel asset); by default one is built from the proto."""
         self.model_proto = bytes(model_proto)
-        self._sentencepiece = tf_text.SentencepieceTokenizer(model=self.model_proto,
-                                                             out_type=tf.int32)
-        self.vocab_size = int(self._sentencepiece.vocab_size())
+        self._sentencepiece, self._pinned = sentencepiece, sentencepiece is not None
+        self.vocab_size = int(self._ops().vocab_size())
+
+    def _ops(self):
+        """The TF Text tokenizer. Its SentencePiece resource is owned by an eager kernel that
+        `tf.random.set_seed` (hence `keras.utils.set_random_seed`) discards; it is rebuilt
+        then, outside any graph being traced, so graphs capture a live one."""
+        if self._pinned:
+            return self._sentencepiece
+        with tf.init_scope():
+            try:
+                if self._sentencepiece is not None:
+                    self._sentencepiece.vocab_size()
+                    return self._sentencepiece
+            except tf.errors.NotFoundError:
+                pass
+            self._sentencepiece = tf_text.SentencepieceTokenizer(model=self.model_proto,
+                                                                 out_type=tf.int32)
+        return self._sentencepiece
 
     @classmethod
     def train(cls, sentences, vocab_size, max_sentences=2_000_000):
@@ -66,17 +84,17 @@ class Tokenizer:
         return path
 
     def tokenize(self, strings):
-        return self._sentencepiece.tokenize(tf.strings.strip(strings))
+        return self._ops().tokenize(tf.strings.strip(strings))
 
     def detokenize(self, ids):
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids, tf.int32))
         before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
         keep = before_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
-        return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+        return self._ops().detokenize(tf.ragged.boolean_mask(ids, keep))
 
     def id_to_piece(self, ids):
-        return self._sentencepiece.id_to_string(ids)
+        return self._ops().id_to_string(ids)
 
 
 def load_or_train_tokenizer(sentences_fn, vocab_size, cache_dir, corpus_key):

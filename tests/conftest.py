@@ -45,3 +45,13 @@ def random_ids(rng, batch, length, vocab, min_length=1):
         n = rng.integers(min_length, length + 1)
         ids[row, :n] = rng.integers(3, vocab, n)
     return ids
+
+
+@pytest.fixture(scope="session")
+def sample_tokenizer():
+    """The shared BPE vocabulary of the sample corpus's training split."""
+    from keras_transformer.data import sample_corpus
+    from keras_transformer.tokenizer import Tokenizer
+
+    pairs = sample_corpus.sample_pairs("train")
+    return Tokenizer.train((s for pair in pairs for s in pair), 2000)

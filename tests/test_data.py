@@ -11,13 +11,12 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer.data import corpora, pipeline, sample_corpus
-from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer, load_or_train_tokenizer
+from keras_transformer.tokenizer import BOS_ID, EOS_ID, load_or_train_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    pairs = sample_corpus.sample_pairs("train")
-    return Tokenizer.train((s for pair in pairs for s in pair), 2000)
+@pytest.fixture
+def tokenizer(sample_tokenizer):
+    return sample_tokenizer
 
 
 # --- the sample corpus -------------------------------------------------------------------
@@ -302,3 +301,12 @@ def test_budget_too_small_is_a_clear_error(tokenizer):
     with pytest.raises(ValueError, match="batch_tokens"):
         pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
                               batch_tokens=50, max_length=128)
+
+
+def test_tokenizer_survives_a_global_seed_reset(tokenizer):
+    """TF Text's SentencePiece resource lives in an eager kernel that set_seed discards."""
+    before = tokenizer.tokenize(["Der Hund schläft."]).to_list()
+    tf.keras.utils.set_random_seed(11)
+    assert tokenizer.tokenize(["Der Hund schläft."]).to_list() == before
+    dataset = tf.data.Dataset.from_tensor_slices(["Der Hund schläft."]).map(tokenizer.tokenize)
+    assert [row.tolist() for row in dataset.as_numpy_iterator()] == before

@@ -163,3 +163,35 @@ def test_cross_attention_of_the_chosen_hypothesis(model, rng):
     _, weights = model.decode(tf.constant(inputs), memory, source, return_attention_scores=True)
     forced = tf.reduce_mean(weights[-1]["cross"], axis=1).numpy()
     np.testing.assert_allclose(attention[:, 0][real[:, 0]], forced[real[:, 0]], atol=1e-4)
+
+
+def test_translator_matches_beam_search_and_keeps_order(sample_tokenizer, rng):
+    from keras_transformer.translator import Translator
+
+    tf.keras.utils.set_random_seed(5)
+    model = kt.Transformer(small_config(vocab_size=sample_tokenizer.vocab_size))
+    model.build()
+    texts = ["Der Hund schläft.", "", "Die alten Männer sehen keine roten Autos.", "Ich lache.",
+             "Er weiß, dass das Kind singt.", "Äpfel?", "Wir warten."]
+    translator = Translator(model, sample_tokenizer, max_extra=6, batch_size=3)
+    translations = translator.translate(texts)
+    assert translator.translate([]) == []
+    for text, translation in zip(texts, translations):
+        source = translator.encode([text])
+        best = beam_search(model, tf.constant(source), bos_id=BOS, eos_id=EOS, max_extra=6)
+        expected = sample_tokenizer.detokenize(best["sequences"][:, 0]).numpy()[0].decode()
+        assert translation == expected
+    shuffled = rng.permutation(len(texts))
+    again = translator.translate([texts[i] for i in shuffled])
+    assert again == [translations[i] for i in shuffled]
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_cache_gives_the_same_result_as_recomputing_the_prefix(model, rng, search):
+    source = tf.constant(random_ids(rng, 3, 6, 30))
+    cached = search(model, source, bos_id=BOS, eos_id=EOS, max_extra=5, return_attention=True)
+    plain = search(model, source, bos_id=BOS, eos_id=EOS, max_extra=5, return_attention=True,
+                   use_cache=False)
+    np.testing.assert_array_equal(cached["sequences"], plain["sequences"])
+    np.testing.assert_allclose(cached["scores"], plain["scores"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cached["attention"], plain["attention"], atol=1e-5)

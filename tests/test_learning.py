@@ -6,7 +6,7 @@ import pytest
 
 import keras_transformer as kt
 
-VOCAB, LENGTH, BATCH, STEPS = 20, 6, 64, 300
+VOCAB, LENGTH, BATCH, STEPS = 20, 6, 64, 600
 
 
 def reversal_pairs(rng, count):
@@ -20,8 +20,8 @@ def reversal_pairs(rng, count):
 @pytest.mark.slow
 def test_tiny_preset_learns_to_reverse_sequences(rng):
     """`tiny` (3+3 layers, d_model 256) reaches >= 99% held-out token accuracy on reversing
-    6 random tokens within 300 steps of 64 sequences (measured: 99.6% after 200 steps, and
-    99.4-99.8% from 200 to 800 steps)."""
+    6 random tokens within 600 steps of 64 sequences (measured with two seeds: 99.6% and
+    98.1% after 200 steps, 99.8% and 99.6% after 600; post-LN Adam has dips on the way)."""
     keras.utils.set_random_seed(0)
     config = kt.TransformerConfig.preset("tiny", vocab_size=VOCAB, dropout=0.0)
     model = kt.Transformer(config)

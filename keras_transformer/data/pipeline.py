@@ -18,6 +18,7 @@ import logging
 
 import tensorflow as tf
 
+from keras_transformer.config import ConfigError
 from keras_transformer.tokenizer import BOS_ID, EOS_ID
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def bucket_batch_sizes(boundaries, batch_tokens, multiple=1):
     lengths = [b - 1 for b in boundaries] + [boundaries[-1] - 1]  # the last bucket stays empty
     sizes = [batch_tokens // length // multiple * multiple for length in lengths]
     if min(sizes) < max(multiple, 1):
-        raise ValueError(
+        raise ConfigError(
             f"batch_tokens={batch_tokens} cannot hold {multiple} pair(s) of the maximum length "
             f"{lengths[-1]}: raise batch_tokens or lower max_length.")
     return sizes
@@ -54,7 +55,7 @@ class PipelineStats:
         self.too_long = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def log(self):
-        logger.info("input pipeline: %d pairs kept, %d skipped as longer than the limit",
+        logger.info("input pipeline: %d pairs read and kept, %d skipped as longer than the limit",
                     int(self.kept.numpy()), int(self.too_long.numpy()))
 
     def as_dict(self):

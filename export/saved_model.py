@@ -1,0 +1,185 @@
+"""Export a trained model as a SavedModel that TF Serving loads as it is: strings in,
+translations out, with SentencePiece tokenization and beam search in the graph.
+
+    python -m export.saved_model --model_dir runs/sample-tiny --export_dir models/transformer
+
+writes models/transformer/<version>/ (the next integer unless --version is given), the layout
+TF Serving watches, with the vocabulary in assets/ and warm-up requests in assets.extra/.
+Signatures:
+
+    serving_default         inputs: string [N]            -> translations: string [N], scores: float [N]
+    translate_with_options  inputs, beam_size: int32 [], alpha: float32 [], max_extra: int32 []
+                                                          -> translations, scores
+    translate_ids           source_ids: int32 [N, S] (EOS-terminated, 0-padded)
+                                                          -> sequences: int32 [N, L], scores: float [N]
+
+Requests: an empty (or blank) string gives an empty translation and score 0; an input longer
+than `max_input_length` pieces (default config.max_length - max_extra) is cut to its first
+pieces; invalid UTF-8 bytes are replaced by U+FFFD; an empty batch gives an empty result.
+Loading needs `import tensorflow_text` first (stock TF Serving links its ops).
+"""
+
+import argparse
+import logging
+import pathlib
+import shutil
+import sys
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_transformer.decoding import beam_search
+from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE_NAMES = ("serving_default", "translate_with_options", "translate_ids")
+WARMUP_FILE = "tf_serving_warmup_requests"
+
+
+class TranslationModule(tf.Module):
+    """The exported object: the model, the vocabulary asset and the serving functions."""
+
+    def __init__(self, model, vocab_path, beam_size=4, alpha=0.6, max_extra=50,
+                 max_input_length=None):
+        super().__init__(name="translation")
+        self.model = model
+        # The vocabulary travels as an asset (assets/vocab.model) for clients that tokenize
+        # themselves; the TF Text op holds the same bytes as an attribute of its graph node
+        # (SentencepieceOp takes its model as an attribute, not as a tensor it could read).
+        self.vocab = tf.saved_model.Asset(str(vocab_path))
+        proto = pathlib.Path(vocab_path).read_bytes()
+        self.sentencepiece = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
+        self._tokenizer = Tokenizer(proto, self.sentencepiece)
+        self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
+        self.max_input_length = max_input_length or model.config.max_length - max_extra
+
+    def encode(self, texts):
+        """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, 0-padded."""
+        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
+        pieces = self._tokenizer.tokenize(texts)[:, :self.max_input_length - 1]
+        eos = tf.fill([tf.shape(texts)[0], 1], EOS_ID)
+        return tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1).to_tensor()
+
+    def search(self, source_ids, beam_size, alpha, max_extra):
+        result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                             beam_size=beam_size, alpha=alpha, max_extra=max_extra)
+        return result["sequences"][:, 0], result["scores"][:, 0]
+
+    def translate(self, texts, beam_size, alpha, max_extra):
+        sequences, scores = self.search(self.encode(texts), beam_size, alpha, max_extra)
+        translations = self._tokenizer.detokenize(sequences)
+        blank = tf.equal(tf.strings.strip(texts), "")
+        return {"translations": tf.where(blank, "", translations),
+                "scores": tf.where(blank, 0.0, scores)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def serving_default(self, inputs):
+        return self.translate(inputs, self.beam_size, self.alpha, self.max_extra)
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None], tf.string, name="inputs"),
+        tf.TensorSpec([], tf.int32, name="beam_size"),
+        tf.TensorSpec([], tf.float32, name="alpha"),
+        tf.TensorSpec([], tf.int32, name="max_extra"),
+    ])
+    def translate_with_options(self, inputs, beam_size, alpha, max_extra):
+        checks = [tf.debugging.assert_positive(beam_size, message="beam_size must be >= 1"),
+                  tf.debugging.assert_non_negative(max_extra, message="max_extra must be >= 0")]
+        with tf.control_dependencies(checks):
+            beam_size = tf.identity(beam_size)
+            max_extra = tf.minimum(max_extra, self.model.config.max_length - 1)
+        return self.translate(inputs, beam_size, alpha, max_extra)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
+    def translate_ids(self, source_ids):
+        sequences, scores = self.search(source_ids[:, :self.max_input_length], self.beam_size,
+                                        self.alpha, self.max_extra)
+        return {"sequences": sequences, "scores": scores}
+
+
+def next_version(export_dir):
+    versions = [int(p.name) for p in pathlib.Path(export_dir).glob("*") if p.name.isdigit()]
+    return max(versions, default=0) + 1
+
+
+def write_warmup_requests(version_dir, model_name, examples):
+    """`assets.extra/tf_serving_warmup_requests`: one PredictionLog per signature, so TF
+    Serving traces and runs each before the first real request."""
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    def request(signature, inputs):
+        predict = predict_pb2.PredictRequest(
+            model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
+        for key, value in inputs.items():
+            predict.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        return prediction_log_pb2.PredictionLog(
+            predict_log=prediction_log_pb2.PredictLog(request=predict))
+
+    records = [
+        request("serving_default", {"inputs": examples}),
+        request("translate_with_options", {"inputs": examples, "beam_size": 2,
+                                           "alpha": 0.6, "max_extra": 10}),
+        request("translate_ids", {"source_ids": [[BOS_ID + 10, EOS_ID]]}),
+    ]
+    path = pathlib.Path(version_dir) / "assets.extra" / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record.SerializeToString())
+    return path
+
+
+def export(model, vocab_path, export_dir, version=None, model_name="transformer",
+           warmup_examples=("Hello.",), **settings):
+    """Writes `<export_dir>/<version>/` and returns its path."""
+    version = version or next_version(export_dir)
+    target = pathlib.Path(export_dir) / str(version)
+    if target.exists():
+        raise FileExistsError(f"{target} exists: choose another --version.")
+    module = TranslationModule(model, vocab_path, **settings)
+    signatures = {name: getattr(module, name) for name in SIGNATURE_NAMES}
+    staging = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    tf.saved_model.save(module, str(staging), signatures=signatures)
+    write_warmup_requests(staging, model_name, list(warmup_examples))
+    staging.rename(target)  # TF Serving never sees a half-written version
+    logger.info("exported %s", target)
+    return target
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m export.saved_model",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", required=True, help="a trained run's model_dir")
+    parser.add_argument("--export_dir", default="models/transformer")
+    parser.add_argument("--version", type=int, default=None)
+    parser.add_argument("--model_name", default="transformer",
+                        help="the name TF Serving serves it under (for the warm-up requests)")
+    parser.add_argument("--weights", default=None)
+    parser.add_argument("--beam_size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max_extra", type=int, default=50)
+    parser.add_argument("--max_input_length", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    from keras_transformer.config import ConfigError
+    from trainers import artifacts
+
+    try:
+        model, _, settings = artifacts.load_trained(args.model_dir, args.weights)
+        examples = ["Hello.", "This is a warm-up request."]
+        target = export(model, pathlib.Path(args.model_dir) / "vocab.model", args.export_dir,
+                        args.version, args.model_name, examples, beam_size=args.beam_size,
+                        alpha=args.alpha, max_extra=args.max_extra,
+                        max_input_length=args.max_input_length)
+    except (FileNotFoundError, FileExistsError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"Exported {target} (signatures: {', '.join(SIGNATURE_NAMES)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

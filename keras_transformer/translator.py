@@ -1,0 +1,68 @@
+"""Strings in, strings out: a tokenizer and a model behind one call."""
+
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.config import ConfigError
+from keras_transformer.decoding import beam_search, greedy_search
+
+
+class Translator:
+    """Translates lists of strings with beam search (the paper's settings by default).
+
+    Sentences are tokenized (source + EOS), cut to `max_input_length` tokens (the EOS kept),
+    sorted by length and decoded `batch_size` at a time, padded to a multiple of 8 so that few
+    shapes are traced; the results come back in the order given. `beam_size=1` decodes
+    greedily.
+    """
+
+    def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra=50,
+                 batch_size=32, max_input_length=None, jit_compile=False):
+        self.model, self.tokenizer = model, tokenizer
+        self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
+        self.batch_size, self.jit_compile = batch_size, jit_compile
+        self.max_input_length = max_input_length or model.config.max_length - max_extra
+        if self.max_input_length < 1:
+            raise ConfigError(f"max_extra={max_extra} leaves no room for the source within "
+                             f"config.max_length={model.config.max_length}.")
+        self._decode = tf.function(self._decode_batch, jit_compile=jit_compile,
+                                   reduce_retracing=True)
+
+    def _decode_batch(self, source_ids):
+        settings = dict(bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
+                        max_extra=self.max_extra)
+        if self.beam_size == 1:
+            return greedy_search(self.model, source_ids, **settings)["sequences"]
+        result = beam_search(self.model, source_ids, beam_size=self.beam_size,
+                             alpha=self.alpha, **settings)
+        return result["sequences"][:, 0]
+
+    def encode(self, texts):
+        """Source ids (EOS-terminated, cut to max_input_length) for each text, as lists."""
+        ids = self.tokenizer.tokenize(tf.constant(texts, tf.string)).to_list()
+        keep = self.max_input_length - 1
+        return [row[:keep] + [self.tokenizer.eos_id] for row in ids]
+
+    def translate_ids(self, sources):
+        """Best output ids (padded with 0) for a list of source id lists, in order."""
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        outputs = [None] * len(sources)
+        for start in range(0, len(order), self.batch_size):
+            chosen = order[start:start + self.batch_size]
+            width = -(-max(len(sources[i]) for i in chosen) // 8) * 8
+            batch = np.zeros((len(chosen), width), np.int32)
+            for row, i in enumerate(chosen):
+                batch[row, :len(sources[i])] = sources[i]
+            decoded = self._decode(tf.constant(batch)).numpy()
+            for row, i in enumerate(chosen):
+                outputs[i] = decoded[row]
+        return outputs
+
+    def translate(self, texts):
+        """A list of source strings -> a list of translations, in the same order."""
+        texts = list(texts)
+        if not texts:
+            return []
+        outputs = self.translate_ids(self.encode(texts))
+        ragged = tf.ragged.constant([row.tolist() for row in outputs], dtype=tf.int32)
+        return [t.decode("utf-8") for t in self.tokenizer.detokenize(ragged).numpy()]

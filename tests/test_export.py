@@ -1,0 +1,215 @@
+"""Exported SavedModels, checked as TF Serving would use them: in a fresh process, by their
+signatures, op registry, warm-up file, bad requests, and through the client."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAX_EXTRA = 8
+INPUTS = ["The dog sleeps.", "", "Die alten Männer sehen keine roten Autos.", "Ich lache.",
+          "A teacher knows that a child sees a ball.", "Äpfel?"]
+
+
+def run(*args, **kwargs):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory):
+    """A small model trained under MirroredStrategy on two logical CPUs."""
+    model_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = run("-m", "trainers.wmt", "--dataset", "sample", "--strategy", "mirrored",
+                 "--logical_cpus", "2", "--num_layers", "1", "--d_model", "32", "--d_ff", "64",
+                 "--num_heads", "2", "--vocab_size", "500", "--batch_tokens", "512",
+                 "--train_steps", "20", "--steps_per_epoch", "10", "--warmup_steps", "10",
+                 "--no_eval", "--model_dir", str(model_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 replica(s)" in result.stdout
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def export_dir(trained_dir, tmp_path_factory):
+    target = tmp_path_factory.mktemp("models") / "transformer"
+    for _ in range(2):  # the second export becomes version 2
+        result = run("-m", "export.saved_model", "--model_dir", str(trained_dir),
+                     "--export_dir", str(target), "--max_extra", str(MAX_EXTRA))
+        assert result.returncode == 0, result.stderr[-3000:]
+    return target
+
+
+@pytest.fixture(scope="module")
+def loaded(export_dir):
+    return tf.saved_model.load(str(export_dir / "1"))
+
+
+def test_versions_are_numbered(export_dir):
+    assert sorted(p.name for p in export_dir.iterdir()) == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_fresh_process_serves_like_the_translator(trained_dir, export_dir):
+    from keras_transformer.translator import Translator
+    from trainers import artifacts
+
+    result = run("tests/serving_check.py", str(export_dir / "1"), json.dumps(INPUTS))
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout)
+    assert not served["project_imported"]
+    assert served["unregistered_ops"] == [] and served["op_count"] > 20
+    assert served["warmup"] == [["serving_default", ["scores", "translations"]],
+                                ["translate_with_options", ["scores", "translations"]],
+                                ["translate_ids", ["scores", "sequences"]]]
+
+    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    expected = Translator(model, tokenizer, max_extra=MAX_EXTRA).translate(INPUTS)
+    expected[1] = ""  # a blank request gets an empty translation
+    assert served["translations"] == expected
+    assert served["scores"][1] == 0.0
+
+
+def test_saved_model_cli_lists_the_signatures(export_dir):
+    cli = pathlib.Path(sys.executable).with_name("saved_model_cli")
+    result = subprocess.run([str(cli), "show", "--dir", str(export_dir / "1"), "--all"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    for signature in ("serving_default", "translate_with_options", "translate_ids"):
+        assert f"signature_def['{signature}']" in text
+    for line in ("inputs['inputs'] tensor_info:", "outputs['translations'] tensor_info:",
+                 "inputs['beam_size'] tensor_info:", "inputs['source_ids'] tensor_info:"):
+        assert line in text
+    assert "dtype: DT_STRING" in text and "dtype: DT_INT32" in text and "DT_FLOAT" in text
+
+
+def test_bad_requests(loaded):
+    serve = loaded.signatures["serving_default"]
+    empty_batch = serve(inputs=tf.constant([], tf.string))
+    assert empty_batch["translations"].shape == (0,)
+    long_input = " ".join(["dog"] * 5000)
+    out = serve(inputs=tf.constant([long_input, "  ", b"caf\xe9 \xff broken"]))
+    translations = out["translations"].numpy()
+    assert translations[1] == b"" and len(translations) == 3
+    assert np.all(np.isfinite(out["scores"].numpy()))
+    options = loaded.signatures["translate_with_options"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size"):
+        options(inputs=tf.constant(["Hi."]), beam_size=tf.constant(0),
+                alpha=tf.constant(0.6), max_extra=tf.constant(5))
+
+
+def test_options_signature_and_ids_signature_agree(loaded, trained_dir):
+    from trainers import artifacts
+
+    texts = tf.constant(INPUTS[:4])
+    default = loaded.signatures["serving_default"](inputs=texts)
+    same = loaded.signatures["translate_with_options"](
+        inputs=texts, beam_size=tf.constant(4), alpha=tf.constant(0.6),
+        max_extra=tf.constant(MAX_EXTRA))
+    np.testing.assert_array_equal(default["translations"], same["translations"])
+    np.testing.assert_allclose(default["scores"], same["scores"], rtol=1e-5)
+    greedy = loaded.signatures["translate_with_options"](
+        inputs=texts, beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra=tf.constant(3))
+    assert greedy["translations"].shape == (4,)
+    pieces = artifacts.load_tokenizer(trained_dir).tokenize(["Ich lache."]).to_list()[0]
+    ids = loaded.signatures["translate_ids"](source_ids=tf.constant([pieces + [2]], tf.int32))
+    assert ids["sequences"].shape[0] == 1
+    np.testing.assert_allclose(ids["scores"], default["scores"][3:4], rtol=1e-5)
+
+
+class FakeServing:
+    """TF Serving's REST and gRPC predict APIs on 127.0.0.1, answered by the SavedModel, to
+    check the client's requests and its reading of the responses."""
+
+    def __init__(self, loaded):
+        self.loaded = loaded
+
+    def predict(self, signature, inputs):
+        fn = self.loaded.signatures[signature]
+        tensors = {k: tf.constant(v, dtype=fn.structured_input_signature[1][k].dtype)
+                   for k, v in inputs.items()}
+        return fn(**tensors)
+
+    def start_rest(self):
+        import http.server
+
+        serving = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                assert self.path == "/v1/models/transformer:predict", self.path
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outputs = serving.predict(body["signature_name"], body["inputs"])
+                reply = {"outputs": {"translations": [t.decode() for t in
+                                                      outputs["translations"].numpy()],
+                                     "scores": outputs["scores"].numpy().tolist()}}
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    def start_grpc(self):
+        from concurrent import futures
+
+        import grpc
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        serving = self
+
+        class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+            def Predict(self, request, context):
+                inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+                outputs = serving.predict(request.model_spec.signature_name, inputs)
+                response = predict_pb2.PredictResponse()
+                for key, value in outputs.items():
+                    response.outputs[key].CopyFrom(tf.make_tensor_proto(value.numpy()))
+                return response
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Servicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        return server, port
+
+
+def test_client_rest_and_grpc(loaded):
+    from export import client
+
+    serving = FakeServing(loaded)
+    direct = loaded.signatures["serving_default"](inputs=tf.constant(INPUTS[:3]))
+    expected = [t.decode() for t in direct["translations"].numpy()]
+    rest = serving.start_rest()
+    grpc_server, port = serving.start_grpc()
+    try:
+        over_rest = client.predict_rest(f"127.0.0.1:{rest.server_port}", "transformer",
+                                        INPUTS[:3])
+        over_grpc = client.predict_grpc(f"127.0.0.1:{port}", "transformer", INPUTS[:3])
+        with_options = client.predict_rest(f"127.0.0.1:{rest.server_port}", "transformer",
+                                           INPUTS[:3], {"beam_size": 4, "alpha": 0.6,
+                                                        "max_extra": MAX_EXTRA})
+    finally:
+        rest.shutdown()
+        grpc_server.stop(0)
+    assert [t for t, _ in over_rest] == expected
+    assert [t for t, _ in over_grpc] == expected
+    assert [t for t, _ in with_options] == expected
+    with pytest.raises(client.ServingError):
+        client.predict_rest("127.0.0.1:9", "transformer", ["x"], timeout=5)

@@ -1,0 +1,194 @@
+"""The trainer end to end: the main job, distribution, resumption, averaging, errors."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# A model small enough that a few dozen steps take seconds.
+SMALL = ["--dataset", "sample", "--num_layers", "1", "--d_model", "32", "--d_ff", "64",
+         "--num_heads", "2", "--vocab_size", "500", "--batch_tokens", "512",
+         "--max_train_length", "32", "--warmup_steps", "20"]
+
+
+def trainer(*args, env=None, **kwargs):
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+                   **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trainers.wmt", *args], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, **kwargs)
+
+
+def h5_arrays(path):
+    """Every model (non-optimizer) array of a Keras .weights.h5 file, by path."""
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, item):
+            if isinstance(item, h5py.Dataset) and not name.startswith("optimizer"):
+                arrays[name] = item[()]
+        f.visititems(visit)
+    return arrays
+
+
+def final_checkpoint(model_dir, worker=None):
+    directory = pathlib.Path(model_dir) / ("checkpoints" if worker is None
+                                           else f"workers/{worker}/checkpoints")
+    return sorted(directory.glob("ckpt-*.weights.h5"))[-1]
+
+
+def assert_same_weights(a, b, atol=0.0, skip=()):
+    first, second = h5_arrays(a), h5_arrays(b)
+    assert first.keys() == second.keys() and len(first) > 10
+    for name in first:
+        if any(part in name for part in skip):
+            continue
+        np.testing.assert_allclose(first[name], second[name], atol=atol, rtol=0, err_msg=name)
+
+
+@pytest.mark.slow
+def test_main_job_on_the_sample_corpus(tmp_path):
+    """The README's main job, as a newcomer runs it (measured: test BLEU 5x.x)."""
+    result = trainer("--strategy", "mirrored", "--dataset", "sample", "--model_dir",
+                     str(tmp_path / "run"), timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads((tmp_path / "run/translations/results.json").read_text())
+    assert scores["test"]["bleu"] >= MAIN_JOB_MIN_BLEU, scores
+    assert "test: BLEU = " in result.stdout
+    assert final_checkpoint(tmp_path / "run").exists()
+    translated = subprocess.run(
+        [sys.executable, "-m", "trainers.translate", "--model_dir", str(tmp_path / "run"),
+         "The dog sleeps."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
+
+
+MAIN_JOB_MIN_BLEU = 0.0
+
+
+# The key projection's bias shifts every score of a query equally, which the softmax ignores:
+# its gradient is zero in exact arithmetic, so Adam (epsilon 1e-9) turns float noise into
+# full-size steps there. It cannot change any output; the comparisons leave it out.
+KEY_BIAS = ("key_dense/vars/1",)
+
+
+@pytest.mark.slow
+def test_mirrored_equals_default_strategy(tmp_path):
+    common = SMALL + ["--train_steps", "12", "--steps_per_epoch", "6", "--dropout", "0",
+                      "--lr_scale", "0.05", "--no_eval", "--deterministic"]
+    single = trainer(*common, "--strategy", "default", "--model_dir", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr[-3000:]
+    mirrored = trainer(*common, "--strategy", "mirrored", "--logical_cpus", "2",
+                       "--model_dir", str(tmp_path / "two"))
+    assert mirrored.returncode == 0, mirrored.stderr[-3000:]
+    assert "2 replica(s)" in mirrored.stdout
+    assert_same_weights(final_checkpoint(tmp_path / "one"), final_checkpoint(tmp_path / "two"),
+                        atol=1e-4, skip=KEY_BIAS)
+
+
+def free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multi_worker_two_processes(tmp_path):
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    common = SMALL + ["--train_steps", "6", "--steps_per_epoch", "3", "--no_eval",
+                      "--strategy", "multi_worker", "--model_dir", str(tmp_path / "run")]
+    processes = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": {"worker": workers},
+                                "task": {"type": "worker", "index": index}})
+        env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "trainers.wmt", *common], cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=600) for p in processes]
+    for process, (out, err) in zip(processes, outputs):
+        assert process.returncode == 0, err[-3000:]
+    assert "2 replica(s)" in outputs[0][0]
+    assert_same_weights(final_checkpoint(tmp_path / "run"),
+                        final_checkpoint(tmp_path / "run", "worker-1"))
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+    common = SMALL + ["--train_steps", "40", "--steps_per_epoch", "5", "--no_eval",
+                      "--deterministic", "--strategy", "default"]
+    reference = trainer(*common, "--model_dir", str(tmp_path / "whole"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    killed_dir = tmp_path / "killed"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen([sys.executable, "-m", "trainers.wmt", *common,
+                                "--model_dir", str(killed_dir)], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metadata = killed_dir / "backup/local/training_metadata.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metadata.exists() and json.loads(metadata.read_text() or "{}").get("epoch", 0) >= 3:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed_dir / "checkpoints/ckpt-00000040.weights.h5").exists()
+
+    resumed = trainer(*common, "--model_dir", str(killed_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming after epoch" in resumed.stdout
+    assert_same_weights(final_checkpoint(tmp_path / "whole"), final_checkpoint(killed_dir))
+
+
+@pytest.mark.slow
+def test_average_equals_numpy_mean(tmp_path):
+    run = trainer(*SMALL, "--train_steps", "9", "--steps_per_epoch", "3",
+                  "--checkpoint_every_steps", "3", "--no_eval", "--model_dir",
+                  str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = sorted((tmp_path / "run/checkpoints").glob("ckpt-*.weights.h5"))
+    assert len(found) == 3
+    averaged = subprocess.run(
+        [sys.executable, "-m", "trainers.average", "--model_dir", str(tmp_path / "run"),
+         "--last", "3", "--output", str(tmp_path / "avg.weights.h5")],
+        cwd=ROOT, capture_output=True, text=True)
+    assert averaged.returncode == 0, averaged.stderr[-3000:]
+    arrays = [h5_arrays(path) for path in found]
+    result = h5_arrays(tmp_path / "avg.weights.h5")
+    for name in arrays[0]:
+        if arrays[0][name].dtype.kind == "f":
+            expected = np.mean([a[name] for a in arrays], axis=0)
+            np.testing.assert_allclose(result[name], expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "tpu"], "no TPU"),
+    (["--dataset", "files", "--train_files", "/nonexistent/train.tsv"], "does not exist"),
+    (["--dataset", "files", "--train_files", "a.en", "b.de", "c.fr"], "one TSV file or two"),
+    (["--strategy", "multi_worker"], "TF_CONFIG"),
+    (["--train_steps", "7", "--steps_per_epoch", "5"], "multiple of"),
+])
+def test_user_mistakes_are_clear_errors(tmp_path, args, message):
+    result = trainer(*SMALL, "--model_dir", str(tmp_path / "run"), *args,
+                     env={"TF_CONFIG": ""} if "multi_worker" in args else None, timeout=300)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_flag_value_is_rejected():
+    result = trainer("--precision", "float8", timeout=120)
+    assert result.returncode == 2 and "invalid choice" in result.stderr

@@ -1,0 +1,82 @@
+"""Checkpoints every N steps or minutes (keeping the last K), resumption, and averaging (§6.1)."""
+
+import json
+import logging
+import pathlib
+import time
+
+import keras
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_GLOB = "ckpt-*.weights.h5"
+
+
+def checkpoint_path(directory, step):
+    return pathlib.Path(directory) / f"ckpt-{step:08d}.weights.h5"
+
+
+def list_checkpoints(directory):
+    """Checkpoint files in `directory`, oldest step first."""
+    return sorted(pathlib.Path(directory).glob(CHECKPOINT_GLOB))
+
+
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Saves the weights every `every_steps` optimizer steps and every `every_minutes` minutes
+    (the paper: 10), and at the end of training, keeping the newest `keep` files."""
+
+    def __init__(self, directory, every_steps=None, every_minutes=10.0, keep=20):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
+        self._last_time = time.monotonic()
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def save(self):
+        path = checkpoint_path(self.directory, self._step())
+        self._last_time = time.monotonic()
+        if path.exists():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_weights(path)
+        logger.info("saved %s", path)
+        for old in list_checkpoints(self.directory)[:-self.keep]:
+            old.unlink()
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        by_steps = self.every_steps and step % self.every_steps == 0
+        by_time = (self.every_minutes and
+                   time.monotonic() - self._last_time >= 60 * self.every_minutes)
+        if by_steps or by_time:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+
+
+def epochs_done(backup_dir):
+    """Epochs that `keras.callbacks.BackupAndRestore` recorded in `backup_dir` (0 if none)."""
+    metadata = pathlib.Path(backup_dir) / "training_metadata.json"
+    if not metadata.exists():
+        return 0
+    return int(json.loads(metadata.read_text())["epoch"])
+
+
+def average_checkpoints(model, paths):
+    """Loads each checkpoint into `model` and sets its weights to their element-wise mean
+    (§6.1: the last 5 checkpoints for base models, 20 for big). Returns the mean weights."""
+    if not paths:
+        raise FileNotFoundError("No checkpoints to average.")
+    total = None
+    for path in paths:
+        model.load_weights(path)
+        weights = [np.asarray(w, np.float64) for w in model.get_weights()]
+        total = weights if total is None else [t + w for t, w in zip(total, weights)]
+    mean = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, model.get_weights())]
+    model.set_weights(mean)
+    logger.info("averaged %d checkpoints: %s ... %s", len(paths), paths[0].name, paths[-1].name)
+    return mean

@@ -1,0 +1,54 @@
+"""Translate with a trained model: sentences from the arguments, a file, or standard input.
+
+    python -m trainers.translate --model_dir runs/sample-tiny "The dog sleeps."
+    python -m trainers.translate --model_dir runs/wmt14-base --input news.en --output news.de
+    cat news.en | python -m trainers.translate --model_dir runs/wmt14-base
+"""
+
+import argparse
+import logging
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m trainers.translate",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--weights", default=None,
+                        help="default: averaged.weights.h5, else the newest checkpoint")
+    parser.add_argument("--input", default=None, help="one sentence per line (default: stdin)")
+    parser.add_argument("--output", default=None, help="default: stdout")
+    parser.add_argument("--beam_size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max_extra", type=int, default=50)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("sentences", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from keras_transformer.translator import Translator
+    from keras_transformer.config import ConfigError
+    from trainers import artifacts
+
+    try:
+        model, tokenizer, _ = artifacts.load_trained(args.model_dir, args.weights)
+    except (FileNotFoundError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.sentences:
+        lines = args.sentences
+    else:
+        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+        with source:
+            lines = [line.rstrip("\n") for line in source]
+    translator = Translator(model, tokenizer, beam_size=args.beam_size, alpha=args.alpha,
+                            max_extra=args.max_extra, batch_size=args.batch_size)
+    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    with output if args.output else open(1, "w", closefd=False, encoding="utf-8") as out:
+        for translation in translator.translate(lines):
+            out.write(translation + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
