@@ -5,9 +5,8 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.attention import MultiHeadAttention
-from keras_transformer.embedding import make_position_layer
-from keras_transformer.encoder import layer_norm
 from keras_transformer.feed_forward import FeedForward, residual
+from keras_transformer.stack import LayerStack, layer_norm
 
 
 def causal_mask(query_length, key_length, start_index=0):
@@ -115,7 +114,7 @@ class DecoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
+class Decoder(LayerStack):
     """The decoder (§3.1): positional encoding added to the (scaled) target embeddings,
     dropout, then `num_layers` DecoderLayers (plus a final LayerNorm when `norm_first`).
 
@@ -129,21 +128,7 @@ class Decoder(keras.layers.Layer):
         a list of per-layer {"self", "cross"} weights.
     """
 
-    def __init__(self, num_layers, num_heads, d_ff, key_dim=None, num_kv_heads=None,
-                 dropout=0.1, attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
-                 position="sinusoidal", max_length=1024, **kwargs):
-        super().__init__(**kwargs)
-        self.layer_args = dict(num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
-                               num_kv_heads=num_kv_heads, dropout=dropout,
-                               attention_dropout=attention_dropout, norm_first=norm_first,
-                               layer_norm_epsilon=layer_norm_epsilon)
-        self.num_layers, self.position, self.max_length = num_layers, position, max_length
-        self.positions = make_position_layer(position, max_length, self.dtype_policy)
-        self.dropout = keras.layers.Dropout(dropout)
-        self.layers = [DecoderLayer(**self.layer_args, name=f"layer_{i}", dtype=self.dtype_policy)
-                       for i in range(num_layers)]
-        self.final_norm = (layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)
-                           if norm_first else None)
+    layer_class = DecoderLayer
 
     def build(self, input_shape, memory_shape=None):
         self.positions.build(input_shape)
@@ -193,10 +178,3 @@ class Decoder(keras.layers.Layer):
         if return_attention_scores:
             results += (weights,)
         return results[0] if len(results) == 1 else results
-
-    def compute_output_shape(self, input_shape, memory_shape=None):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), **self.layer_args, "num_layers": self.num_layers,
-                "position": self.position, "max_length": self.max_length}

@@ -3,12 +3,8 @@
 import keras
 
 from keras_transformer.attention import MultiHeadAttention
-from keras_transformer.embedding import make_position_layer
 from keras_transformer.feed_forward import FeedForward, residual
-
-
-def layer_norm(epsilon, name, dtype):
-    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+from keras_transformer.stack import LayerStack, layer_norm
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -65,7 +61,7 @@ class EncoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
+class Encoder(LayerStack):
     """The encoder (§3.1): positional encoding added to the (scaled) embeddings, dropout,
     then `num_layers` EncoderLayers (plus a final LayerNorm when `norm_first`).
 
@@ -74,21 +70,7 @@ class Encoder(keras.layers.Layer):
     per-layer weights [B, h, S, S].
     """
 
-    def __init__(self, num_layers, num_heads, d_ff, key_dim=None, num_kv_heads=None,
-                 dropout=0.1, attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6,
-                 position="sinusoidal", max_length=1024, **kwargs):
-        super().__init__(**kwargs)
-        self.layer_args = dict(num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
-                               num_kv_heads=num_kv_heads, dropout=dropout,
-                               attention_dropout=attention_dropout, norm_first=norm_first,
-                               layer_norm_epsilon=layer_norm_epsilon)
-        self.num_layers, self.position, self.max_length = num_layers, position, max_length
-        self.positions = make_position_layer(position, max_length, self.dtype_policy)
-        self.dropout = keras.layers.Dropout(dropout)
-        self.layers = [EncoderLayer(**self.layer_args, name=f"layer_{i}", dtype=self.dtype_policy)
-                       for i in range(num_layers)]
-        self.final_norm = (layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)
-                           if norm_first else None)
+    layer_class = EncoderLayer
 
     def build(self, input_shape):
         self.positions.build(input_shape)
@@ -109,10 +91,3 @@ class Encoder(keras.layers.Layer):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return (x, weights) if return_attention_scores else x
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), **self.layer_args, "num_layers": self.num_layers,
-                "position": self.position, "max_length": self.max_length}

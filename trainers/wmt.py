@@ -220,7 +220,6 @@ def make_callbacks(settings, config, model_dir, chief, worker):
 
 
 def train(settings, config, strategy, tokenizer, model_dir):
-    import keras
     import tensorflow as tf
 
     import keras_transformer as kt
