@@ -33,15 +33,15 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout=None):
 
 
 def write_cache(cache, update, index):
-    """Writes `update` [B, T, ...] into the preallocated `cache` [B, L, ...] at positions
+    """Writes `update` [B, H, T, d] into the preallocated `cache` [B, H, L, d] at positions
     index .. index + T - 1. Static shapes and core TF ops only, so it compiles under XLA and
     serves from a SavedModel."""
-    batch_size = tf.shape(update)[0]
-    steps = tf.shape(update)[1]
-    positions = tf.cast(index, tf.int32) + tf.range(steps)
-    batch = tf.repeat(tf.range(batch_size), steps)
-    indices = tf.stack([batch, tf.tile(positions, [batch_size])], axis=-1)
-    flat = tf.reshape(update, tf.concat([[batch_size * steps], tf.shape(update)[2:]], 0))
+    shape = tf.shape(update)
+    batch, heads, steps = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]),
+                                      tf.range(shape[2]) + tf.cast(index, tf.int32),
+                                      indexing="ij")
+    indices = tf.reshape(tf.stack([batch, heads, steps], axis=-1), [-1, 3])
+    flat = tf.reshape(update, [-1, shape[3]])
     return tf.tensor_scatter_nd_update(cache, indices, tf.cast(flat, cache.dtype))
 
 
@@ -56,7 +56,8 @@ class MultiHeadAttention(keras.layers.Layer):
     Call:
         query [B, T_q, d_model]; value [B, T_k, d_model] (defaults to query: self-attention);
         attention_mask boolean, broadcastable to [B, T_q, T_k], True where attending is allowed.
-        cache: for incremental decoding, a (key, value) pair of [B, L, kv_heads, d_k]:
+        cache: for incremental decoding, a (key, value) pair of [B, kv_heads, L, d_k]
+        (head-major, so attention reads it without a transpose):
           - with `cache_index`: a preallocated self-attention buffer; the keys/values of the
             T_q new positions are written at cache_index and attention runs over the buffer
             (the mask must hide unwritten slots);
@@ -98,16 +99,18 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense = dense(d_model, "attention_output", self.num_heads * self.head_dim)
 
     def _split_heads(self, x, heads):
-        return tf.reshape(x, tf.concat([tf.shape(x)[:2], [heads, self.head_dim]], 0))
+        """[B, T, heads * d_k] -> [B, heads, T, d_k]."""
+        x = tf.reshape(x, tf.concat([tf.shape(x)[:2], [heads, self.head_dim]], 0))
+        return tf.transpose(x, [0, 2, 1, 3])
 
     def project_key_value(self, value):
-        """Keys and values [B, T_k, kv_heads, d_k] of `value` [B, T_k, d_model]."""
+        """Keys and values [B, kv_heads, T_k, d_k] of `value` [B, T_k, d_model]."""
         key = self._split_heads(self.key_dense(value), self.num_kv_heads)
         return key, self._split_heads(self.value_dense(value), self.num_kv_heads)
 
     def init_cache(self, batch_size, max_length, dtype=None):
-        """A zeroed self-attention cache: (key, value), each [B, max_length, kv_heads, d_k]."""
-        shape = [batch_size, max_length, self.num_kv_heads, self.head_dim]
+        """A zeroed self-attention cache: (key, value), each [B, kv_heads, max_length, d_k]."""
+        shape = [batch_size, self.num_kv_heads, max_length, self.head_dim]
         zeros = tf.zeros(shape, dtype or self.compute_dtype)
         return zeros, zeros
 
@@ -115,7 +118,8 @@ class MultiHeadAttention(keras.layers.Layer):
              return_attention_scores=False, training=None):
         groups = self.num_heads // self.num_kv_heads
         batch_size, query_length = tf.shape(query)[0], tf.shape(query)[1]
-        q = self._split_heads(self.query_dense(query), self.num_heads)
+        q = tf.reshape(self.query_dense(query),
+                       [batch_size, query_length, self.num_kv_heads, groups, self.head_dim])
         if cache is not None and cache_index is None:
             key, value_heads = cache
         else:
@@ -124,11 +128,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 key = write_cache(cache[0], key, cache_index)
                 value_heads = write_cache(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
-        # [B, T, h, d] -> [B, kv_heads, groups, T, d]; keys [B, kv_heads, 1, T_k, d].
-        q = tf.reshape(q, [batch_size, query_length, self.num_kv_heads, groups, self.head_dim])
+        # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
         q = tf.transpose(q, [0, 2, 3, 1, 4])
-        k = tf.transpose(key, [0, 2, 1, 3])[:, :, None]
-        v = tf.transpose(value_heads, [0, 2, 1, 3])[:, :, None]
+        k, v = key[:, :, None], value_heads[:, :, None]
         mask = None if attention_mask is None else attention_mask[:, None, None]
         dropout = None
         if self.dropout > 0:

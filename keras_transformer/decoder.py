@@ -24,9 +24,9 @@ class DecoderLayer(keras.layers.Layer):
     Call:
         x [B, T, d_model]; memory [B, S, d_model]; self_attention_mask bool broadcastable to
         [B, T, T] (or [B, T, L] against a cache of length L); memory_mask [B, 1, S] bool.
-        cache: None, or a dict {"key", "value"} ([B, L, kv_heads, d_k], preallocated
+        cache: None, or a dict {"key", "value"} ([B, kv_heads, L, d_k], preallocated
         self-attention buffers written at `cache_index`) and {"memory_key", "memory_value"}
-        ([B, S, kv_heads, d_k], from `memory_cache`).
+        ([B, kv_heads, S, d_k], from `memory_cache`).
     Returns:
         x [B, T, d_model]; then the updated cache if given; then, with
         `return_attention_scores`, {"self": [B, h, T, T or L], "cross": [B, h, T, S]}.
@@ -157,7 +157,7 @@ class Decoder(LayerStack):
             if padding_mask is not None:
                 self_mask = self_mask & padding_mask[:, None, :]
         else:
-            self_mask = causal_mask(length, tf.shape(cache[0]["key"])[1], cache_index)[None]
+            self_mask = causal_mask(length, tf.shape(cache[0]["key"])[2], cache_index)[None]
         memory_mask = None if memory_mask is None else memory_mask[:, None, :]
         new_caches, weights = [], []
         for i, layer in enumerate(self.layers):
