@@ -1,10 +1,17 @@
-"""Decoding speed: cached incremental decoding against recomputing the prefix at every step.
+"""Decoding speed: our cached greedy and beam search, against recomputing the prefix at every
+step and against keras-hub's GreedySampler and BeamSampler driving its cached
+TransformerDecoder (benchmarks/peer.py), with and without XLA.
 
-    python -m benchmarks.decoding [--preset tiny] [--batch 32] [--source_length 24]
+    python -m benchmarks.decoding [--presets tiny,base] [--batch 32] [--source_length 24]
         [--new_tokens 32] [--repeats 3] [--out benchmarks/results/decoding.json]
 
-EOS is disabled (an id the model never produces) so every variant generates exactly
-`new_tokens` tokens per hypothesis. Weights are random: speed does not depend on them.
+EOS is disabled (an id the model never produces; no stop token for the peer) so every variant
+generates exactly `new_tokens` tokens per hypothesis, and the length penalty is 0 (keras-hub's
+BeamSampler has none). Weights are random: speed does not depend on them.
+
+Cache memory (ours): 2 (keys, values) x layers x batch x beam x kv_heads x (source + new
+tokens) x d_k values for self-attention, plus 2 x layers x batch x beam x kv_heads x source x
+d_k for encoder-decoder attention: linear in beam x length x layers.
 """
 
 import argparse
@@ -30,55 +37,86 @@ def time_call(fn, repeats):
     return statistics.median(times)
 
 
-def run(preset="tiny", batch=32, source_length=24, new_tokens=32, repeats=3, variants=None):
-    config = kt.TransformerConfig.preset(preset, max_length=source_length + new_tokens + 8)
-    model = kt.Transformer(config)
-    model.build()
-    rng = np.random.default_rng(0)
-    source = tf.constant(rng.integers(3, config.vocab_size, (batch, source_length)), tf.int32)
-    settings = dict(bos_id=1, eos_id=-1, max_extra=new_tokens)
-    variants = variants or [
-        ("greedy", "cached", False), ("greedy", "recompute prefix", False),
-        ("beam 4", "cached", False), ("beam 4", "recompute prefix", False),
-        ("greedy", "cached", True), ("beam 4", "cached", True),
-    ]
+def cache_bytes(config, batch, beams, source_length, new_tokens, bytes_per_value=4):
+    kv_heads = config.num_kv_heads or config.num_heads
+    head_dim = config.key_dim or config.d_model // config.num_heads
+    per_position = 2 * config.num_layers * batch * beams * kv_heads * head_dim
+    return per_position * (source_length + new_tokens + source_length) * bytes_per_value
+
+
+def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3):
+    import keras_hub
+
+    from benchmarks.peer import PeerTransformer, peer_generate
+
     rows = []
-    for search, mode, xla in variants:
-        use_cache = mode == "cached"
-        if search == "greedy":
-            fn = lambda: greedy_search(model, source, use_cache=use_cache,  # noqa: E731
-                                       jit_compile=xla, **settings)
-        else:
-            fn = lambda: beam_search(model, source, beam_size=4, alpha=0.6,  # noqa: E731
-                                     use_cache=use_cache, jit_compile=xla, **settings)
-        seconds = time_call(fn, repeats)
-        beams = 1 if search == "greedy" else 4
-        rows.append({"preset": preset, "search": search, "mode": mode, "xla": xla,
-                     "seconds": seconds, "sentences_per_s": batch / seconds,
-                     "tokens_per_s": batch * new_tokens / seconds,
-                     "hypothesis_tokens_per_s": batch * beams * new_tokens / seconds})
+    for preset in presets:
+        vocab = 8000 if preset == "tiny" else 32000
+        config = kt.TransformerConfig.preset(preset, vocab_size=vocab,
+                                             max_length=source_length + new_tokens + 8)
+        ours = kt.Transformer(config)
+        ours.build()
+        peer = PeerTransformer(config)
+        rng = np.random.default_rng(0)
+        source = tf.constant(rng.integers(3, config.vocab_size, (batch, source_length)),
+                             tf.int32)
+        peer({"source_ids": source, "target_ids": source})
+        settings = dict(bos_id=1, eos_id=-1, max_extra=new_tokens)
+        variants = []
+        for xla in (False, True):
+            for beams in (1, 4):
+                search = "greedy" if beams == 1 else "beam 4"
+                modes = ["cached"] + (["recompute prefix"] if not xla else [])
+                for mode in modes:
+                    use_cache = mode == "cached"
+                    if beams == 1:
+                        fn = lambda u=use_cache, x=xla: greedy_search(  # noqa: E731
+                            ours, source, use_cache=u, jit_compile=x, **settings)
+                    else:
+                        fn = lambda u=use_cache, x=xla: beam_search(  # noqa: E731
+                            ours, source, beam_size=4, alpha=0.0, use_cache=u, jit_compile=x,
+                            **settings)
+                    variants.append(("ours", search, mode, xla, beams, fn))
+                sampler = (keras_hub.samplers.GreedySampler() if beams == 1
+                           else keras_hub.samplers.BeamSampler(num_beams=4))
+                peer_fn = tf.function(lambda s, sm=sampler: peer_generate(peer, s, new_tokens, sm),
+                                      jit_compile=xla)
+                variants.append(("keras-hub", search, "cached", xla, beams,
+                                 lambda f=peer_fn: f(source)))
+        for library, search, mode, xla, beams, fn in variants:
+            seconds = time_call(fn, repeats)
+            rows.append({"preset": preset, "library": library, "search": search, "mode": mode,
+                         "xla": xla, "seconds": seconds, "sentences_per_s": batch / seconds,
+                         "tokens_per_s": batch * new_tokens / seconds,
+                         "cache_mb": cache_bytes(config, batch, beams, source_length,
+                                                 new_tokens) / 2**20})
+            print(markdown_row(rows[-1]), flush=True)
     return rows
 
 
+def markdown_row(r):
+    return (f"| {r['preset']} | {r['library']} | {r['search']} | {r['mode']} | "
+            f"{'on' if r['xla'] else 'off'} | {r['seconds']:.3f} | {r['sentences_per_s']:.1f} | "
+            f"{r['tokens_per_s']:.0f} | {r['cache_mb']:.1f} |")
+
+
 def markdown(rows):
-    lines = ["| preset | search | mode | XLA | s/batch | sentences/s | tokens/s |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['preset']} | {r['search']} | {r['mode']} | {'on' if r['xla'] else 'off'}"
-                     f" | {r['seconds']:.3f} | {r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} |")
-    return "\n".join(lines)
+    lines = ["| preset | library | search | mode | XLA | s/batch | sentences/s | tokens/s | "
+             "cache MB (ours) |", "|---|---|---|---|---|---|---|---|---|"]
+    return "\n".join(lines + [markdown_row(r) for r in rows])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--presets", default="tiny,base")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--source_length", type=int, default=24)
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/decoding.json")
     args = parser.parse_args()
-    rows = run(args.preset, args.batch, args.source_length, args.new_tokens, args.repeats)
+    rows = run(args.presets.split(","), args.batch, args.source_length, args.new_tokens,
+               args.repeats)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))

@@ -26,7 +26,8 @@ import tensorflow as tf
 import keras_transformer as kt
 from benchmarks.peer import PeerTransformer
 
-FLOP_FORMULA = __doc__.split("FLOPs per step")[1].strip()
+FLOP_FORMULA = "3 x forward matmul FLOPs; " + " ".join(
+    __doc__.split("embeddings, norms and softmax excluded:")[1].split())
 
 
 def matmul_peak(dtype, n=2048, repeats=10, jit=False):
