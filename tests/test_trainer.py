@@ -63,6 +63,7 @@ def test_main_job_on_the_sample_corpus(tmp_path):
     assert scores["test"]["bleu"] >= MAIN_JOB_MIN_BLEU, scores
     assert "test: BLEU = " in result.stdout
     assert final_checkpoint(tmp_path / "run").exists()
+    assert (tmp_path / "run/export/1/saved_model.pb").exists()
     translated = subprocess.run(
         [sys.executable, "-m", "trainers.translate", "--model_dir", str(tmp_path / "run"),
          "The dog sleeps."], cwd=ROOT, capture_output=True, text=True, timeout=300)

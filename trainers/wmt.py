@@ -97,6 +97,8 @@ def build_parser():
     evaluate = parser.add_argument_group("evaluation")
     evaluate.add_argument("--eval_only", action="store_true")
     evaluate.add_argument("--no_eval", action="store_true")
+    evaluate.add_argument("--no_export", action="store_true",
+                          help="skip exporting the averaged model (model_dir/export/<version>)")
     evaluate.add_argument("--average_last", type=int, default=None,
                           help="checkpoints to average (default 5 for base, 20 for big)")
     evaluate.add_argument("--eval_splits", default=None,
@@ -268,8 +270,8 @@ def train(settings, config, strategy, tokenizer, model_dir):
 
 
 def evaluate(settings, config, tokenizer, model_dir, model=None):
-    """Averages the last checkpoints, translates the evaluation splits with beam search and
-    scores them. Returns {split: scores}."""
+    """Averages the last checkpoints, translates the evaluation splits with beam search,
+    scores them and exports the averaged model (unless --no_export). Returns {split: scores}."""
     from keras_transformer.translator import Translator
     from trainers import artifacts, checkpoints
     from trainers.evaluation import score
@@ -311,6 +313,13 @@ def evaluate(settings, config, tokenizer, model_dir, model=None):
         for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:3]:
             print(f"  {source}\n  -> {hypothesis}\n  (reference: {reference})")
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    if not settings["no_export"]:
+        from export.saved_model import export
+
+        target = export(model, model_dir / "vocab.model", model_dir / "export",
+                        beam_size=settings["beam_size"], alpha=settings["alpha"],
+                        max_extra=settings["max_extra"])
+        print(f"Exported the averaged model for TF Serving: {target}")
     return results
 
 
@@ -356,10 +365,9 @@ def run(argv=None):
     model = train(settings, config, strategy, tokenizer, model_dir)
     if settings["no_eval"] or not is_chief(strategy):
         return None
-    with tf.distribute.get_strategy().scope():
-        return evaluate(settings, config, tokenizer, model_dir,
-                        artifacts.build_model(config) if strategy.num_replicas_in_sync > 1
-                        else model)
+    # A model built outside the strategy's scope translates and exports without replicas.
+    return evaluate(settings, config, tokenizer, model_dir,
+                    artifacts.build_model(config) if strategy.num_replicas_in_sync > 1 else model)
 
 
 def main(argv=None):
