@@ -163,6 +163,8 @@ def main(argv=None):
     parser.add_argument("--max_input_length", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "tensorflow"):  # SavedModel tracing chatter
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from keras_transformer.config import ConfigError
     from trainers import artifacts

@@ -372,6 +372,8 @@ def run(argv=None):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "tensorflow"):  # SavedModel tracing chatter
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from keras_transformer.config import ConfigError
     from keras_transformer.data.corpora import DataError
     from trainers.strategy import StrategyError
