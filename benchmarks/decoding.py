@@ -15,8 +15,6 @@ d_k for encoder-decoder attention: linear in beam x length x layers.
 """
 
 import argparse
-import json
-import pathlib
 import statistics
 import time
 
@@ -24,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
+from benchmarks import save
 from keras_transformer.decoding import beam_search, greedy_search
 
 
@@ -117,11 +116,7 @@ def main():
     args = parser.parse_args()
     rows = run(args.presets.split(","), args.batch, args.source_length, args.new_tokens,
                args.repeats)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
-    out.with_suffix(".md").write_text(markdown(rows) + "\n")
-    print(markdown(rows))
+    save(args.out, rows, markdown(rows))
 
 
 if __name__ == "__main__":

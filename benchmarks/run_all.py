@@ -6,10 +6,9 @@ peer, written to benchmarks/results/{training,decoding}.{json,md} and one summar
 """
 
 import argparse
-import json
 import pathlib
 
-from benchmarks import decoding, training
+from benchmarks import decoding, save, training
 
 
 def main(argv=None):
@@ -21,15 +20,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     presets = args.presets.split(",")
     out = pathlib.Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train = training.run(presets, steps=args.steps, repeats=args.repeats)
-    (out / "training.json").write_text(json.dumps(train, indent=2))
+    save(out / "training.json", train, training.markdown(train))
     decode = decoding.run(presets, repeats=args.repeats)
-    (out / "decoding.json").write_text(json.dumps(decode, indent=2))
-    summary = ("## Training\n\n" + training.markdown(train) + "\n\n## Decoding\n\n"
-               + decoding.markdown(decode) + "\n")
-    (out / "summary.md").write_text(summary)
-    print(summary)
+    save(out / "decoding.json", decode, decoding.markdown(decode))
+    (out / "summary.md").write_text("## Training\n\n" + training.markdown(train)
+                                    + "\n\n## Decoding\n\n" + decoding.markdown(decode) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ plus a backward pass twice as costly), embeddings, norms and softmax excluded:
 """
 
 import argparse
-import json
-import pathlib
 import statistics
 import time
 
@@ -24,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
+from benchmarks import save
 from benchmarks.peer import PeerTransformer
 
 FLOP_FORMULA = "3 x forward matmul FLOPs; " + " ".join(
@@ -139,11 +138,7 @@ def main():
     report = run(args.presets.split(","), args.precisions.split(","),
                  [v == "on" for v in args.xla.split(",")], steps=args.steps,
                  repeats=args.repeats)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    out.with_suffix(".md").write_text(markdown(report) + "\n")
-    print(markdown(report))
+    save(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":
