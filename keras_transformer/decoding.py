@@ -23,7 +23,8 @@ def length_penalty(length, alpha):
 
 
 def _setup(model, source_ids, max_extra, copies):
-    """Encodes the batch once, and prepares caches for `copies` hypotheses per source."""
+    """Encodes the batch once and repeats the memory and its mask for `copies` hypotheses per
+    source; returns them with each source's step limit, the cache length and the batch size."""
     source_ids = tf.cast(source_ids, tf.int32)
     source_mask = model.padding_mask(source_ids)
     source_lengths = tf.reduce_sum(tf.cast(source_mask, tf.int32), axis=1)
