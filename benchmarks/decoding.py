@@ -5,13 +5,14 @@ TransformerDecoder (benchmarks/peer.py), with and without XLA.
     python -m benchmarks.decoding [--presets tiny,base] [--batch 32] [--source_length 24]
         [--new_tokens 32] [--repeats 3] [--out benchmarks/results/decoding.json]
 
-EOS is disabled (an id the model never produces; no stop token for the peer) so every variant
-generates exactly `new_tokens` tokens per hypothesis, and the length penalty is 0 (keras-hub's
-BeamSampler has none). Weights are random: speed does not depend on them.
+EOS is disabled (an id the model never produces; no stop token for the peer) and our limit
+(source length + max_extra) is set to `new_tokens`, so every variant generates exactly
+`new_tokens` tokens per hypothesis; the length penalty is 0 (keras-hub's BeamSampler has none).
+Weights are random: speed does not depend on them.
 
-Cache memory (ours): 2 (keys, values) x layers x batch x beam x kv_heads x (source + new
-tokens) x d_k values for self-attention, plus 2 x layers x batch x beam x kv_heads x source x
-d_k for encoder-decoder attention: linear in beam x length x layers.
+Cache memory (ours): 2 (keys, values) x layers x batch x beam x kv_heads x new tokens x d_k
+values for self-attention, plus 2 x layers x batch x beam x kv_heads x source x d_k for
+encoder-decoder attention: linear in beam x length x layers.
 """
 
 import argparse
@@ -26,8 +27,18 @@ from benchmarks import save
 from keras_transformer.decoding import beam_search, greedy_search
 
 
-def time_call(fn, repeats):
-    fn()  # warm-up: tracing and, with XLA, compilation
+def generated_tokens(output):
+    """Tokens generated: ours return dicts of sequences (padding 0, never generated); the peer
+    returns BOS and then its fixed number of steps (which may include id 0)."""
+    if isinstance(output, dict):
+        return int(np.count_nonzero(output["sequences"]))
+    return output.shape[0] * (output.shape[1] - 1)
+
+
+def time_call(fn, repeats, expected_tokens):
+    tokens = generated_tokens(fn())  # warm-up: tracing and, with XLA, compilation
+    if tokens != expected_tokens:
+        raise AssertionError(f"generated {tokens} tokens, not {expected_tokens}: unequal work")
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -40,7 +51,7 @@ def cache_bytes(config, batch, beams, source_length, new_tokens, bytes_per_value
     kv_heads = config.num_kv_heads or config.num_heads
     head_dim = config.key_dim or config.d_model // config.num_heads
     per_position = 2 * config.num_layers * batch * beams * kv_heads * head_dim
-    return per_position * (source_length + new_tokens + source_length) * bytes_per_value
+    return per_position * (new_tokens + source_length) * bytes_per_value
 
 
 def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3):
@@ -60,7 +71,8 @@ def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3)
         source = tf.constant(rng.integers(3, config.vocab_size, (batch, source_length)),
                              tf.int32)
         peer({"source_ids": source, "target_ids": source})
-        settings = dict(bos_id=1, eos_id=-1, max_extra=new_tokens)
+        # Our limit is source length + max_extra: exactly `new_tokens` for every source.
+        settings = dict(bos_id=1, eos_id=-1, max_extra=new_tokens - source_length)
         variants = []
         for xla in (False, True):
             for beams in (1, 4):
@@ -83,7 +95,8 @@ def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3)
                 variants.append(("keras-hub", search, "cached", xla, beams,
                                  lambda f=peer_fn: f(source)))
         for library, search, mode, xla, beams, fn in variants:
-            seconds = time_call(fn, repeats)
+            seconds = time_call(fn, repeats, batch * beams * new_tokens
+                                if library == "ours" else batch * new_tokens)
             rows.append({"preset": preset, "library": library, "search": search, "mode": mode,
                          "xla": xla, "seconds": seconds, "sentences_per_s": batch / seconds,
                          "tokens_per_s": batch * new_tokens / seconds,

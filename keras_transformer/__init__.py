@@ -5,6 +5,7 @@ from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_a
 from keras_transformer.config import PRESETS, ConfigError, TransformerConfig
 from keras_transformer.decoder import Decoder, DecoderLayer, causal_mask
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import (
     LearnedPositionEmbedding,
     PositionalEncoding,
@@ -13,9 +14,15 @@ from keras_transformer.embedding import (
 )
 from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import FeedForward
+from keras_transformer.layer_norm import LayerNorm
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
 from keras_transformer.model import Transformer
-from keras_transformer.schedule import ScheduleCallback, TransformerSchedule, make_optimizer
+from keras_transformer.schedule import (
+    FusedAdam,
+    ScheduleCallback,
+    TransformerSchedule,
+    make_optimizer,
+)
 from keras_transformer.tokenizer import Tokenizer
 from keras_transformer.translator import Translator
 

@@ -3,6 +3,8 @@
 import keras
 import tensorflow as tf
 
+from keras_transformer.dropout import Dropout
+
 # Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32.
 MASKED_SCORE = -1e9
 
@@ -80,7 +82,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}.")
-        self.attention_dropout = keras.layers.Dropout(dropout)
+        self.attention_dropout = Dropout(dropout)
 
     def build(self, query_shape, value_shape=None):
         d_model = query_shape[-1]

@@ -5,6 +5,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.dropout import Dropout
 from keras_transformer.feed_forward import FeedForward, residual
 from keras_transformer.stack import LayerStack, layer_norm
 
@@ -51,7 +52,7 @@ class DecoderLayer(keras.layers.Layer):
         self.self_attention_norm = layer_norm(layer_norm_epsilon, "self_attention_norm", policy)
         self.cross_attention_norm = layer_norm(layer_norm_epsilon, "cross_attention_norm", policy)
         self.feed_forward_norm = layer_norm(layer_norm_epsilon, "feed_forward_norm", policy)
-        self.dropout = keras.layers.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def build(self, input_shape, memory_shape=None):
         self.self_attention.build(input_shape)

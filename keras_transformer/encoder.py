@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.dropout import Dropout
 from keras_transformer.feed_forward import FeedForward, residual
 from keras_transformer.stack import LayerStack, layer_norm
 
@@ -30,7 +31,7 @@ class EncoderLayer(keras.layers.Layer):
         self.feed_forward = FeedForward(d_ff, name="feed_forward", dtype=policy)
         self.attention_norm = layer_norm(layer_norm_epsilon, "attention_norm", policy)
         self.feed_forward_norm = layer_norm(layer_norm_epsilon, "feed_forward_norm", policy)
-        self.dropout = keras.layers.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def build(self, input_shape):
         self.self_attention.build(input_shape)

@@ -4,6 +4,40 @@ import keras
 import tensorflow as tf
 
 
+def smoothed_cross_entropy(labels, logits, label_smoothing):
+    """Per-token cross-entropy of `logits` [..., V] (float32) against the smoothed target
+    (1 - eps) * one_hot(labels) + eps / V (§5.4), with its gradient softmax - target.
+
+    loss = logsumexp(z) - (1 - eps) z_y - eps mean(z) = nll + eps (z_y - mean(z)), where the
+    fused sparse op gives nll = logsumexp(z) - z_y and softmax - one_hot together. The gradient
+    is written by hand from those, so neither the smoothed target nor log-probabilities
+    [..., V] are ever materialised, and the logits are read a few times instead of a dozen.
+    """
+    eps = float(label_smoothing)
+    shape = tf.shape(labels)
+    labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+
+    @tf.custom_gradient
+    def loss_fn(logits):
+        nll, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+            features=logits, labels=labels)
+        if not eps:
+            return nll, lambda d: d[:, None] * backprop
+        target = tf.gather(logits, labels, batch_dims=1)
+        loss = nll + eps * (target - tf.reduce_mean(logits, axis=-1))
+
+        def grad(d):
+            vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
+            g = d[:, None] * backprop - (d * (eps / vocab))[:, None]
+            rows = tf.range(tf.shape(labels)[0])
+            return tf.tensor_scatter_nd_add(g, tf.stack([rows, labels], 1), eps * d)
+
+        return loss, grad
+
+    flat = loss_fn(tf.reshape(tf.cast(logits, tf.float32), [-1, tf.shape(logits)[-1]]))
+    return tf.reshape(flat, shape)
+
+
 def global_sum(value):
     """Sum of `value` over all replicas when called inside a replica context."""
     context = tf.distribute.get_replica_context()
@@ -32,17 +66,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):
-        logits = tf.cast(y_pred, tf.float32)
-        y_true = tf.cast(y_true, tf.int32)
-        # -log p(y) through the fused op; the uniform part, -mean_k log p(k), equals
-        # logsumexp(logits) - mean(logits). Neither materialises log-probabilities.
-        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, logits)
-        eps = self.label_smoothing
-        losses = nll
-        if eps:
-            uniform = tf.reduce_logsumexp(logits, axis=-1) - tf.reduce_mean(logits, axis=-1)
-            losses = (1.0 - eps) * nll + eps * uniform
-        return tf.where(tf.not_equal(y_true, self.pad_id), losses, 0.0)
+        losses = smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
+        return tf.where(tf.not_equal(tf.cast(y_true, tf.int32), self.pad_id), losses, 0.0)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         with tf.name_scope(self.name):

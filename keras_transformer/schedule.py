@@ -30,15 +30,39 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FusedAdam(keras.optimizers.Adam):
+    """`keras.optimizers.Adam`, each variable updated by TensorFlow's fused Adam kernel
+    (`ResourceApplyAdam`: one op instead of about twenty). The same update (§5.3):
+
+        m <- m + (1 - beta1)(g - m);  v <- v + (1 - beta2)(g^2 - v)
+        w <- w - lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)
+
+    Falls back to Keras' update for AMSGrad and for variables of other dtypes than float32.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad or variable.dtype != tf.float32:
+            return super().update_step(gradient, variable, learning_rate)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index].value, self._velocities[index].value
+        step = tf.cast(self.iterations + 1, tf.float32)
+        beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle, m=m.handle, v=v.handle, beta1_power=tf.pow(beta_1, step),
+            beta2_power=tf.pow(beta_2, step), lr=tf.cast(learning_rate, tf.float32),
+            beta1=beta_1, beta2=beta_2, epsilon=tf.constant(self.epsilon, tf.float32),
+            grad=tf.cast(tf.convert_to_tensor(gradient), tf.float32))
+
+
 def make_optimizer(learning_rate, gradient_accumulation_steps=None, **kwargs):
-    """Adam with the paper's settings: beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 (§5.3).
+    """Adam with the paper's settings: beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 (§5.3), as
+    `FusedAdam`.
 
     `learning_rate` is a float (to be set by `ScheduleCallback`) or a schedule.
     """
-    return keras.optimizers.Adam(learning_rate=learning_rate, beta_1=0.9, beta_2=0.98,
-                                 epsilon=1e-9,
-                                 gradient_accumulation_steps=gradient_accumulation_steps,
-                                 **kwargs)
+    return FusedAdam(learning_rate=learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                     gradient_accumulation_steps=gradient_accumulation_steps, **kwargs)
 
 
 class ScheduleCallback(keras.callbacks.Callback):

@@ -4,10 +4,12 @@ plus positional encodings, with dropout, and a final LayerNorm in the pre-LN var
 import keras
 
 from keras_transformer.embedding import make_position_layer
+from keras_transformer.dropout import Dropout
+from keras_transformer.layer_norm import LayerNorm
 
 
 def layer_norm(epsilon, name, dtype):
-    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+    return LayerNorm(epsilon=epsilon, name=name, dtype=dtype)
 
 
 class LayerStack(keras.layers.Layer):
@@ -26,7 +28,7 @@ class LayerStack(keras.layers.Layer):
                                layer_norm_epsilon=layer_norm_epsilon)
         self.num_layers, self.position, self.max_length = num_layers, position, max_length
         self.positions = make_position_layer(position, max_length, self.dtype_policy)
-        self.dropout = keras.layers.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = [self.layer_class(**self.layer_args, name=f"layer_{i}",
                                         dtype=self.dtype_policy) for i in range(num_layers)]
         self.final_norm = (layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)

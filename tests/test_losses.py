@@ -28,6 +28,28 @@ def test_label_smoothing_matches_numpy(rng):
                                ref_mean, rtol=1e-5)
 
 
+def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng):
+    # The hand-written gradient against the closed form of §5.4's target, and against
+    # TensorFlow differentiating the dense cross-entropy itself.
+    labels = random_ids(rng, 3, 5, 13)
+    logits = tf.constant(rng.normal(size=(3, 5, 13)) * 3, tf.float32)
+    weights = tf.constant(rng.uniform(size=(3, 5)), tf.float32)
+    for eps in (0.0, 0.1, 0.3):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(logits)
+            ours = tf.reduce_sum(kt.losses.smoothed_cross_entropy(labels, logits, eps) * weights)
+            target = tf.one_hot(labels, 13) * (1 - eps) + eps / 13
+            dense = tf.reduce_sum(
+                tf.nn.softmax_cross_entropy_with_logits(target, logits) * weights)
+        np.testing.assert_allclose(ours, dense, rtol=1e-5)
+        z = logits.numpy()
+        softmax = np.exp(z - z.max(-1, keepdims=True))
+        softmax /= softmax.sum(-1, keepdims=True)
+        expected = (softmax - target.numpy()) * weights.numpy()[..., None]
+        np.testing.assert_allclose(tape.gradient(ours, logits), expected, atol=1e-6)
+        np.testing.assert_allclose(tape.gradient(dense, logits), expected, atol=1e-6)
+
+
 def test_without_smoothing_equals_keras_sparse_cross_entropy(rng):
     labels = random_ids(rng, 4, 6, 11)
     logits = rng.normal(size=(4, 6, 11)).astype(np.float32)

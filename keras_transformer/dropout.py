@@ -1,0 +1,30 @@
+"""Dropout (§5.4: residual dropout on every sub-layer output and on the embedding sums)."""
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Dropout(keras.layers.Dropout):
+    """`keras.layers.Dropout` (the same seed generator, so weight files carry its state)
+    that draws 16 random bits per element instead of a uniform float: half the random-number
+    work, and a rate that holds in bfloat16 (a bfloat16 uniform draw, which Keras uses under
+    mixed_bfloat16, drops 10.2% for a rate of 0.1). The rate is rounded to a multiple of
+    2^-16. Falls back to Keras for `noise_shape` or an odd last dimension.
+
+    Call: x [..., d], training -> x with elements dropped and the rest scaled by 1 / (1 - rate).
+    """
+
+    def call(self, inputs, training=False):
+        width = inputs.shape[-1]
+        if (not training or self.rate <= 0 or self.noise_shape is not None or width is None
+                or width % 2):
+            return super().call(inputs, training=training)
+        seed = tf.cast(self.seed_generator.next(), tf.int64)
+        shape = tf.shape(inputs)
+        bits = tf.random.stateless_uniform(tf.concat([shape[:-1], [width // 2]], 0), seed,
+                                           minval=None, maxval=None, dtype=tf.uint32)
+        bits = tf.reshape(tf.bitcast(bits, tf.uint16), shape)
+        keep = bits >= tf.constant(round(self.rate * 2**16), tf.uint16)
+        scaled = inputs * tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
+        return tf.where(keep, scaled, tf.zeros_like(inputs))
