@@ -43,17 +43,19 @@ def matmul_peak(dtype, n=2048, repeats=10, jit=False):
 def step_matmuls(config, batch, source_length, target_length):
     """The forward matrix products of one training step, as (batch dims, m, k, n)."""
     d, f, vocab = config.d_model, config.d_ff, config.vocab_size
-    heads = config.num_heads
+    heads, kv_heads = config.num_heads, config.num_kv_heads or config.num_heads
     d_k = config.key_dim or d // heads
     src, tgt = batch * source_length, batch * target_length
 
-    def attention(queries, keys, rows):  # Q, K, V, O projections and the two products
-        return ([(1, rows, d, heads * d_k)] * 4
+    def attention(queries, keys, query_rows, key_rows):  # Q, O; K, V; the two products
+        return ([(1, query_rows, d, heads * d_k), (1, query_rows, heads * d_k, d)]
+                + [(1, key_rows, d, kv_heads * d_k)] * 2
                 + [(batch * heads, queries, d_k, keys), (batch * heads, queries, keys, d_k)])
 
-    encoder = attention(source_length, source_length, src) + [(1, src, d, f), (1, src, f, d)]
-    decoder = (attention(target_length, target_length, tgt)
-               + attention(target_length, source_length, tgt) + [(1, tgt, d, f), (1, tgt, f, d)])
+    encoder = attention(source_length, source_length, src, src) + [(1, src, d, f), (1, src, f, d)]
+    decoder = (attention(target_length, target_length, tgt, tgt)
+               + attention(target_length, source_length, tgt, src)
+               + [(1, tgt, d, f), (1, tgt, f, d)])
     return config.num_layers * (encoder + decoder) + [(1, tgt, d, vocab)]
 
 

@@ -131,8 +131,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 value_heads = write_cache(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
         # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
+        # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
         q = tf.transpose(q, [0, 2, 3, 1, 4])
-        k, v = key[:, :, None], value_heads[:, :, None]
+        k, v = tf.expand_dims(key, 2), tf.expand_dims(value_heads, 2)
         mask = None if attention_mask is None else attention_mask[:, None, None]
         dropout = None
         if self.dropout > 0:

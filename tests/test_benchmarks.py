@@ -27,3 +27,16 @@ def test_peer_generates_fixed_length():
     for sampler in (keras_hub.samplers.GreedySampler(), keras_hub.samplers.BeamSampler(2)):
         out = peer_generate(peer, source, 4, sampler).numpy()
         assert out.shape == (3, 5) and np.all(out[:, 0] == 1) and np.all(out[:, 1:] > 0)
+
+
+def test_training_flops_follow_the_printed_formula():
+    # The per-token formula the benchmark prints, against its list of matrix products.
+    from benchmarks.training import step_flops
+
+    config = kt.TransformerConfig.preset("tiny", vocab_size=500)
+    d, f, layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    batch, source, target = 3, 7, 5
+    per_source = layers * (12 * d * d + 4 * d * f + 4 * source * d)
+    per_target = layers * (12 * d * d + 4 * d * f + 4 * target * d + 4 * source * d) + 2 * d * vocab
+    expected = 3 * batch * (source * per_source + target * per_target)
+    assert step_flops(config, batch, source, target) == expected

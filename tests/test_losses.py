@@ -32,9 +32,10 @@ def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng):
     # The hand-written gradient against the closed form of §5.4's target, and against
     # TensorFlow differentiating the dense cross-entropy itself.
     labels = random_ids(rng, 3, 5, 13)
-    logits = tf.constant(rng.normal(size=(3, 5, 13)) * 3, tf.float32)
-    weights = tf.constant(rng.uniform(size=(3, 5)), tf.float32)
-    for eps in (0.0, 0.1, 0.3):
+    # Scale 100: many probabilities underflow to 0 in float32; the loss must stay finite.
+    for scale, eps in [(3, 0.0), (3, 0.1), (3, 0.3), (100, 0.1)]:
+        logits = tf.constant(rng.normal(size=(3, 5, 13)) * scale, tf.float32)
+        weights = tf.constant(rng.uniform(size=(3, 5)), tf.float32)
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(logits)
             ours = tf.reduce_sum(kt.losses.smoothed_cross_entropy(labels, logits, eps) * weights)
@@ -42,6 +43,7 @@ def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng):
             dense = tf.reduce_sum(
                 tf.nn.softmax_cross_entropy_with_logits(target, logits) * weights)
         np.testing.assert_allclose(ours, dense, rtol=1e-5)
+        assert np.isfinite(ours)
         z = logits.numpy()
         softmax = np.exp(z - z.max(-1, keepdims=True))
         softmax /= softmax.sum(-1, keepdims=True)
