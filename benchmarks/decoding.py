@@ -3,7 +3,7 @@ step and against keras-hub's GreedySampler and BeamSampler driving its cached
 TransformerDecoder (benchmarks/peer.py), with and without XLA.
 
     python -m benchmarks.decoding [--presets tiny,base] [--batch 32] [--source_length 24]
-        [--new_tokens 32] [--repeats 3] [--out benchmarks/results/decoding.json]
+        [--new_tokens 32] [--repeats 5] [--out benchmarks/results/decoding.json]
 
 EOS is disabled (an id the model never produces; no stop token for the peer) and our limit
 (source length + max_extra) is set to `new_tokens`, so every variant generates exactly
@@ -35,16 +35,17 @@ def generated_tokens(output):
     return output.shape[0] * (output.shape[1] - 1)
 
 
-def time_call(fn, repeats, expected_tokens):
-    tokens = generated_tokens(fn())  # warm-up: tracing and, with XLA, compilation
+def check_work(fn, expected_tokens):
+    """Runs `fn` once (tracing and, with XLA, compiling) and checks it did the fixed work."""
+    tokens = generated_tokens(fn())
     if tokens != expected_tokens:
         raise AssertionError(f"generated {tokens} tokens, not {expected_tokens}: unequal work")
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+
+def time_once(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def cache_bytes(config, batch, beams, source_length, new_tokens, bytes_per_value=4):
@@ -54,7 +55,7 @@ def cache_bytes(config, batch, beams, source_length, new_tokens, bytes_per_value
     return per_position * (new_tokens + source_length) * bytes_per_value
 
 
-def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3):
+def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=5):
     import keras_hub
 
     from benchmarks.peer import PeerTransformer, peer_generate
@@ -95,8 +96,14 @@ def run(presets=("tiny",), batch=32, source_length=24, new_tokens=32, repeats=3)
                 variants.append(("keras-hub", search, "cached", xla, beams,
                                  lambda f=peer_fn: f(source)))
         for library, search, mode, xla, beams, fn in variants:
-            seconds = time_call(fn, repeats, batch * beams * new_tokens
-                                if library == "ours" else batch * new_tokens)
+            check_work(fn, batch * beams * new_tokens if library == "ours"
+                       else batch * new_tokens)
+        times = [[] for _ in variants]
+        for _ in range(repeats):  # alternate, so drift hits every variant alike
+            for variant_times, variant in zip(times, variants):
+                variant_times.append(time_once(variant[-1]))
+        for (library, search, mode, xla, beams, fn), variant_times in zip(variants, times):
+            seconds = statistics.median(variant_times)
             rows.append({"preset": preset, "library": library, "search": search, "mode": mode,
                          "xla": xla, "seconds": seconds, "sentences_per_s": batch / seconds,
                          "tokens_per_s": batch * new_tokens / seconds,
@@ -124,7 +131,7 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--source_length", type=int, default=24)
     parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/decoding.json")
     args = parser.parse_args()
     rows = run(args.presets.split(","), args.batch, args.source_length, args.new_tokens,

@@ -43,23 +43,25 @@ def _setup(model, source_ids, max_extra, copies):
 
 
 def _init_cache(model, memory, max_steps, use_cache):
-    """Preallocated self-attention caches, or (use_cache=False) a buffer of decoder inputs
-    whose whole prefix is run through the decoder at every step."""
-    if use_cache:
-        return model.init_cache(memory, max_steps)
-    return {"prefix": tf.zeros([tf.shape(memory)[0], max_steps], tf.int32)}
+    """(What the loop carries, what stays fixed): the preallocated self-attention caches and
+    the encoder-decoder keys/values, which never change and so stay out of the loop state;
+    or (use_cache=False) a buffer of decoder inputs whose whole prefix is run through the
+    decoder at every step, and nothing fixed."""
+    if not use_cache:
+        return {"prefix": tf.zeros([tf.shape(memory)[0], max_steps], tf.int32)}, None
+    caches = model.init_cache(memory, max_steps)
+    carried = [{"key": c["key"], "value": c["value"]} for c in caches]
+    fixed = [{"memory_key": c["memory_key"], "memory_value": c["memory_value"]} for c in caches]
+    return carried, fixed
 
 
 def _reorder(cache, parents):
-    """The per-hypothesis part of the cache, following each hypothesis's parent. The
-    encoder-decoder keys/values are the same for every beam of a source: left alone."""
-    if isinstance(cache, dict):
-        return {"prefix": tf.gather(cache["prefix"], parents)}
-    return [{**layer, "key": tf.gather(layer["key"], parents),
-             "value": tf.gather(layer["value"], parents)} for layer in cache]
+    """The carried cache (per hypothesis), following each hypothesis's parent. The
+    encoder-decoder keys/values are the same for every beam of a source: not carried."""
+    return tf.nest.map_structure(lambda t: tf.gather(t, parents), cache)
 
 
-def _step_log_probs(model, tokens, cache, index, memory, memory_mask, bos_id, scores):
+def _step_log_probs(model, tokens, cache, fixed, index, memory, memory_mask, bos_id, scores):
     """Log-probabilities [N, V] of the next token; padding and BOS are never generated."""
     if isinstance(cache, dict):  # no cache: run the decoder over the whole prefix
         prefix = _write_token(cache["prefix"], index, tokens)
@@ -69,9 +71,11 @@ def _step_log_probs(model, tokens, cache, index, memory, memory_mask, bos_id, sc
         hidden, weights = out if scores else (out, None)
         logits, cache = model.embedding.logits(hidden[:, -1]), {"prefix": prefix}
     else:
-        out = model.decode_step(tokens[:, None], cache, index, memory_mask,
+        full = [{**c, **f} for c, f in zip(cache, fixed)]
+        out = model.decode_step(tokens[:, None], full, index, memory_mask,
                                 return_attention_scores=scores)
-        logits, cache, weights = out if scores else out + (None,)
+        logits, full, weights = out if scores else out + (None,)
+        cache = [{"key": c["key"], "value": c["value"]} for c in full]
     log_probs = tf.nn.log_softmax(logits, axis=-1)
     vocab = tf.shape(log_probs)[-1]
     banned = tf.reduce_sum(tf.one_hot([model.config.pad_id, bos_id], vocab), axis=0) > 0
@@ -130,10 +134,10 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
 
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, 1)
     source_width = tf.shape(memory)[1]
-    cache = _init_cache(model, memory, max_steps, use_cache)
+    cache, fixed = _init_cache(model, memory, max_steps, use_cache)
 
     def body(i, tokens, sequences, scores, finished, attention, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory,
+        log_probs, cache, weights = _step_log_probs(model, tokens, cache, fixed, i, memory,
                                                     memory_mask, bos_id, return_attention)
         next_tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         next_tokens = tf.where(finished, model.config.pad_id, next_tokens)
@@ -193,14 +197,14 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
     k = beam_size
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
     source_width = tf.shape(memory)[1]
-    cache = _init_cache(model, memory, max_steps, use_cache)
+    cache, fixed = _init_cache(model, memory, max_steps, use_cache)
     limit_penalty = length_penalty(limits, alpha)
     beam_offsets = (tf.range(batch) * k)[:, None]
     attention_width = source_width if return_attention else 0
 
     def body(i, tokens, alive_seq, alive_log_probs, alive_attention, finished_seq,
              finished_scores, finished_attention, done, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, i, memory,
+        log_probs, cache, weights = _step_log_probs(model, tokens, cache, fixed, i, memory,
                                                     memory_mask, bos_id, return_attention)
         vocab = tf.shape(log_probs)[-1]
         candidates = alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
