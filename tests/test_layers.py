@@ -67,12 +67,14 @@ def test_dropout_masks_follow_the_seed_state():
     np.testing.assert_array_equal(a(x, training=True), b(x, training=True))
 
 
-def test_fused_adam_matches_keras_adam(rng):
+@pytest.mark.parametrize("accumulate", [None, 2])
+def test_fused_adam_matches_keras_adam(rng, accumulate):
     start = rng.normal(size=(5, 3)).astype(np.float32)
-    grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(5)]
+    grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(6)]
     finals = []
-    for optimizer in (kt.make_optimizer(0.01),
-                      keras.optimizers.Adam(0.01, beta_1=0.9, beta_2=0.98, epsilon=1e-9)):
+    for optimizer in (kt.make_optimizer(0.01, gradient_accumulation_steps=accumulate),
+                      keras.optimizers.Adam(0.01, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                                            gradient_accumulation_steps=accumulate)):
         variable = keras.Variable(start)
         for grad in grads:
             optimizer.apply_gradients([(tf.constant(grad), variable)])
