@@ -125,6 +125,9 @@ class StepTimer(keras.callbacks.Callback):
     callback of this kind, Keras dispatches batch ends to a thread pool; on a 2-core machine
     that was seen to stretch steps to whole seconds, for both models alike.)"""
 
+    def on_train_begin(self, logs=None):
+        self.times = []
+
     def on_train_batch_begin(self, batch, logs=None):
         self.start = time.perf_counter()
 
@@ -136,7 +139,6 @@ class StepTimer(keras.callbacks.Callback):
 def time_steps(model, dataset, steps):
     """The mean step time over `steps` steps."""
     timer = StepTimer()
-    timer.times = []
     model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
     return statistics.mean(timer.times)
 

@@ -50,9 +50,14 @@ def _init_cache(model, memory, max_steps, use_cache):
     if not use_cache:
         return {"prefix": tf.zeros([tf.shape(memory)[0], max_steps], tf.int32)}, None
     caches = model.init_cache(memory, max_steps)
-    carried = [{"key": c["key"], "value": c["value"]} for c in caches]
     fixed = [{"memory_key": c["memory_key"], "memory_value": c["memory_value"]} for c in caches]
-    return carried, fixed
+    return _carried(caches), fixed
+
+
+def _carried(caches):
+    """The part of the decoder's per-layer caches that changes every step: the self-attention
+    keys and values."""
+    return [{"key": c["key"], "value": c["value"]} for c in caches]
 
 
 def _reorder(cache, parents):
@@ -75,7 +80,7 @@ def _step_log_probs(model, tokens, cache, fixed, index, memory, memory_mask, bos
         out = model.decode_step(tokens[:, None], full, index, memory_mask,
                                 return_attention_scores=scores)
         logits, full, weights = out if scores else out + (None,)
-        cache = [{"key": c["key"], "value": c["value"]} for c in full]
+        cache = _carried(full)
     log_probs = tf.nn.log_softmax(logits, axis=-1)
     vocab = tf.shape(log_probs)[-1]
     banned = tf.reduce_sum(tf.one_hot([model.config.pad_id, bos_id], vocab), axis=0) > 0
