@@ -8,14 +8,18 @@ TF Serving watches, with the vocabulary in assets/ and warm-up requests in asset
 Signatures:
 
     serving_default         inputs: string [N]            -> translations: string [N], scores: float [N]
-    translate_with_options  inputs, beam_size: int32 [], alpha: float32 [], max_extra: int32 []
+    translate_with_options  inputs, beam_size: int32 [] (1..max_beam_size), alpha: float32 []
+                            (>= 0), max_extra: int32 [] (>= 0)
                                                           -> translations, scores
     translate_ids           source_ids: int32 [N, S] (EOS-terminated, 0-padded)
                                                           -> sequences: int32 [N, L], scores: float [N]
 
 Requests: an empty (or blank) string gives an empty translation and score 0; an input longer
 than `max_input_length` pieces (default config.max_length - max_extra) is cut to its first
-pieces; invalid UTF-8 bytes are replaced by U+FFFD; an empty batch gives an empty result.
+pieces (and still ends with EOS, in `translate_ids` too; there an all-padding row gives an
+empty sequence and score 0); invalid UTF-8 bytes are replaced by U+FFFD; an empty batch gives
+an empty result; a beam_size outside 1..max_beam_size (default 16), a negative or NaN alpha
+and a negative max_extra are refused with InvalidArgumentError naming the option.
 Loading needs `import tensorflow_text` first (stock TF Serving links its ops).
 """
 
@@ -41,7 +45,7 @@ class TranslationModule(tf.Module):
     """The exported object: the model, the vocabulary asset and the serving functions."""
 
     def __init__(self, model, vocab_path, beam_size=4, alpha=0.6, max_extra=50,
-                 max_input_length=None):
+                 max_input_length=None, max_beam_size=16):
         super().__init__(name="translation")
         self.model = model
         # The vocabulary travels as an asset (assets/vocab.model) for clients that tokenize
@@ -53,6 +57,7 @@ class TranslationModule(tf.Module):
         self._tokenizer = Tokenizer(proto, self.sentencepiece)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.max_input_length = max_input_length or model.config.max_length - max_extra
+        self.max_beam_size = max_beam_size
 
     def encode(self, texts):
         """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, 0-padded."""
@@ -84,8 +89,14 @@ class TranslationModule(tf.Module):
         tf.TensorSpec([], tf.int32, name="max_extra"),
     ])
     def translate_with_options(self, inputs, beam_size, alpha, max_extra):
-        checks = [tf.debugging.assert_positive(beam_size, message="beam_size must be >= 1"),
-                  tf.debugging.assert_non_negative(max_extra, message="max_extra must be >= 0")]
+        checks = [
+            tf.debugging.assert_positive(beam_size, message="beam_size must be >= 1"),
+            tf.debugging.assert_less_equal(
+                beam_size, self.max_beam_size,
+                message=f"beam_size must be <= {self.max_beam_size} (--max_beam_size at export)"),
+            # NaN >= 0 is false too: a NaN alpha is refused with the negative ones.
+            tf.debugging.assert_greater_equal(alpha, 0.0, message="alpha must be a number >= 0"),
+            tf.debugging.assert_non_negative(max_extra, message="max_extra must be >= 0")]
         with tf.control_dependencies(checks):
             beam_size = tf.identity(beam_size)
             max_extra = tf.minimum(max_extra, self.model.config.max_length - 1)
@@ -93,9 +104,17 @@ class TranslationModule(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
     def translate_ids(self, source_ids):
-        sequences, scores = self.search(source_ids[:, :self.max_input_length], self.beam_size,
-                                        self.alpha, self.max_extra)
-        return {"sequences": sequences, "scores": scores}
+        # Like the string signatures: a source longer than max_input_length keeps its first
+        # pieces and still ends with EOS; an empty (all-padding) row gives an empty result.
+        pad = self.model.config.pad_id
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad), tf.int32), axis=1)
+        cut = source_ids[:, :self.max_input_length]
+        last = tf.equal(tf.range(tf.shape(cut)[1]), self.max_input_length - 1)
+        cut = tf.where((lengths > self.max_input_length)[:, None] & last[None], EOS_ID, cut)
+        sequences, scores = self.search(cut, self.beam_size, self.alpha, self.max_extra)
+        empty = tf.equal(lengths, 0)
+        return {"sequences": tf.where(empty[:, None], pad, sequences),
+                "scores": tf.where(empty, 0.0, scores)}
 
 
 def next_version(export_dir):
@@ -161,6 +180,8 @@ def main(argv=None):
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max_extra", type=int, default=50)
     parser.add_argument("--max_input_length", type=int, default=None)
+    parser.add_argument("--max_beam_size", type=int, default=16,
+                        help="the largest beam_size a request may ask for")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "tensorflow"):  # SavedModel tracing chatter
@@ -175,7 +196,8 @@ def main(argv=None):
         target = export(model, pathlib.Path(args.model_dir) / "vocab.model", args.export_dir,
                         args.version, args.model_name, examples, beam_size=args.beam_size,
                         alpha=args.alpha, max_extra=args.max_extra,
-                        max_input_length=args.max_input_length)
+                        max_input_length=args.max_input_length,
+                        max_beam_size=args.max_beam_size)
     except (FileNotFoundError, FileExistsError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -82,7 +82,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}.")
-        self.attention_dropout = Dropout(dropout)
+        self.attention_dropout = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None):
         d_model = query_shape[-1]

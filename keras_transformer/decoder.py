@@ -52,7 +52,7 @@ class DecoderLayer(keras.layers.Layer):
         self.self_attention_norm = layer_norm(layer_norm_epsilon, "self_attention_norm", policy)
         self.cross_attention_norm = layer_norm(layer_norm_epsilon, "cross_attention_norm", policy)
         self.feed_forward_norm = layer_norm(layer_norm_epsilon, "feed_forward_norm", policy)
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(dropout, dtype=policy)
 
     def build(self, input_shape, memory_shape=None):
         self.self_attention.build(input_shape)

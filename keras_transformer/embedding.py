@@ -81,7 +81,9 @@ class SharedEmbedding(keras.layers.Layer):
     and the pre-softmax linear map (§3.4). Embeddings are multiplied by sqrt(d_model).
 
     Call: ids [B, T] int -> [B, T, d_model].
-    `logits(x)`: x [B, T, d_model] -> [B, T, vocab_size] in float32, x W^T (no bias).
+    `logits(x)`: x [B, T, d_model] -> [B, T, vocab_size], x W^T (no bias), computed in
+    float32 whatever the compute dtype: under mixed precision the softmax, the loss and the
+    beam scores see full-precision logits, not bfloat16 values cast up.
     """
 
     def __init__(self, vocab_size, d_model, **kwargs):
@@ -93,6 +95,7 @@ class SharedEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(
             name="embeddings", shape=(self.vocab_size, self.d_model),
             initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
+            autocast=False,  # read in float32; `call` casts it to the compute dtype itself
         )
 
     def call(self, ids):
@@ -101,12 +104,11 @@ class SharedEmbedding(keras.layers.Layer):
         return tf.gather(table, ids) * tf.cast(math.sqrt(self.d_model), self.compute_dtype)
 
     def logits(self, x):
-        table = tf.cast(self.embeddings, x.dtype)
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
-        flat = tf.reshape(x, [-1, self.d_model])
-        logits = tf.matmul(flat, table, transpose_b=True)
+        flat = tf.cast(tf.reshape(x, [-1, self.d_model]), tf.float32)
+        logits = tf.matmul(flat, tf.cast(self.embeddings, tf.float32), transpose_b=True)
         shape = tf.concat([tf.shape(x)[:-1], [self.vocab_size]], 0)
-        return tf.cast(tf.reshape(logits, shape), tf.float32)
+        return tf.reshape(logits, shape)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)

@@ -31,7 +31,7 @@ class EncoderLayer(keras.layers.Layer):
         self.feed_forward = FeedForward(d_ff, name="feed_forward", dtype=policy)
         self.attention_norm = layer_norm(layer_norm_epsilon, "attention_norm", policy)
         self.feed_forward_norm = layer_norm(layer_norm_epsilon, "feed_forward_norm", policy)
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(dropout, dtype=policy)
 
     def build(self, input_shape):
         self.self_attention.build(input_shape)

@@ -7,6 +7,7 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
+from keras_transformer.losses import global_sum
 
 
 def _reducible_across_workers(logs):
@@ -95,6 +96,12 @@ class Transformer(keras.Model):
         return (logits,) + tuple(out[1:])
 
     def train_step(self, data):
+        if getattr(self.optimizer, "gradient_accumulation_steps", None) and hasattr(
+                self.optimizer, "micro_batch_tokens"):
+            # FusedAdam weights micro-batches by their real tokens (global over replicas).
+            labels = data[1]
+            real = tf.reduce_sum(tf.cast(self.padding_mask(labels), tf.float32))
+            self.optimizer.micro_batch_tokens = global_sum(real)
         return _reducible_across_workers(super().train_step(data))
 
     def test_step(self, data):

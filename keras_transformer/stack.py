@@ -28,7 +28,7 @@ class LayerStack(keras.layers.Layer):
                                layer_norm_epsilon=layer_norm_epsilon)
         self.num_layers, self.position, self.max_length = num_layers, position, max_length
         self.positions = make_position_layer(position, max_length, self.dtype_policy)
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(dropout, dtype=self.dtype_policy)
         self.layers = [self.layer_class(**self.layer_args, name=f"layer_{i}",
                                         dtype=self.dtype_policy) for i in range(num_layers)]
         self.final_norm = (layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)

@@ -161,23 +161,38 @@ def test_parallel_files_skip_and_count_bad_lines(tmp_path, caplog, gz):
                    [en.encode() for en, _ in GOOD] + BAD_SOURCE, gz)
     target = write(tmp_path / f"train.de{suffix}",
                    [de.encode() for _, de in GOOD] + BAD_TARGET, gz)
-    with caplog.at_level(logging.INFO):
-        pairs = [(s.decode(), t.decode())
-                 for s, t in corpora.files_dataset([source, target]).as_numpy_iterator()]
+    counts = corpora.SkipCounts()
+    pairs = [(s.decode(), t.decode())
+             for s, t in corpora.files_dataset([source, target], counts).as_numpy_iterator()]
     assert pairs == GOOD + [("Also fine.", "Auch gut.")]
+    assert counts.as_dict() == {"kept": 3, "empty": 2, "not valid UTF-8": 1,
+                                "not two tab-separated fields": 0}
+    with caplog.at_level(logging.INFO):
+        counts.log("train")
     assert "3 pairs read" in caplog.text
     assert "2 empty" in caplog.text and "1 not valid UTF-8" in caplog.text
 
 
-def test_tsv_skips_and_counts_malformed_lines(tmp_path, caplog):
+def test_tsv_skips_and_counts_malformed_lines(tmp_path):
     lines = [f"{en}\t{de}".encode() for en, de in GOOD] + [
-        b"no tab here", b"a\tb\tc", b" \tleer", b"\xc3\x28\tkaputt", "Ja.\tJa.".encode()]
+        b"no tab here", b"a\tb\tc", b" \tleer", b"\xc3\x28\tkaputt", "Ja.\tJa.\r".encode()]
     path = write(tmp_path / "pairs.tsv.gz", lines, gz=True)
-    with caplog.at_level(logging.INFO):
-        pairs = list(corpora.read_tsv(path))
+    counts = corpora.SkipCounts()
+    dataset = corpora.files_dataset([path], counts)
+    pairs = [(s.decode(), t.decode()) for s, t in dataset.as_numpy_iterator()]
     assert pairs == GOOD + [("Ja.", "Ja.")]
-    assert "2 not two tab-separated fields" in caplog.text
-    assert "1 empty" in caplog.text and "1 not valid UTF-8" in caplog.text
+    assert counts.as_dict() == {"kept": 3, "empty": 1, "not valid UTF-8": 1,
+                                "not two tab-separated fields": 2}
+
+
+def test_files_are_read_in_the_graph(tmp_path):
+    """No Python generator: the dataset's graph serializes (tf.data service, multi-worker
+    input), and a second pass re-reads the file."""
+    path = write(tmp_path / "pairs.tsv", [f"{en}\t{de}".encode() for en, de in GOOD])
+    dataset = corpora.files_dataset([path])
+    graph = dataset._as_serialized_graph()
+    assert b"TextLineDataset" in graph.numpy() and b"PyFunc" not in graph.numpy()
+    assert len(list(dataset.repeat(2).as_numpy_iterator())) == 2 * len(GOOD)
 
 
 def test_line_count_mismatch_names_both_files(tmp_path):
@@ -259,7 +274,7 @@ def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer):
     seen = collections.Counter()
     for batch in dataset.as_numpy_iterator():
         inputs, labels = batch
-        assert inputs["source_ids"].size <= budget and labels.size <= budget
+        assert inputs["source_ids"].size <= 1.5 * budget and labels.size <= budget
         assert inputs["target_ids"].shape == labels.shape
         seen.update(rows(batch))
     expected = expected_rows(tokenizer, pairs, max_length)
@@ -267,6 +282,42 @@ def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer):
     assert stats.as_dict() == {"kept": sum(expected.values()),
                                "too_long": len(pairs) - sum(expected.values())}
     assert stats.as_dict()["too_long"] > 0
+
+
+def greedy_batches(lengths, budget, source_budget):
+    """Brute force: the pairs in target length order (ties in input order), a new batch
+    whenever one more would take B x longest target or B x longest source over its budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][1], i))
+    batches, batch = [], []
+    for i in order:
+        longest_source = max(lengths[j][0] for j in batch + [i])
+        longest_target = max(lengths[j][1] for j in batch + [i])
+        if batch and ((len(batch) + 1) * longest_target > budget
+                      or (len(batch) + 1) * longest_source > source_budget):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    return batches + [batch]
+
+
+def test_packing_equals_brute_force(rng):
+    lengths = [(int(rng.integers(1, 30)), int(rng.integers(1, 30))) for _ in range(500)]
+    packed = pipeline.pack_sorted([s for s, _ in lengths], [t for _, t in lengths], 120, 150)
+    assert packed.to_list() == greedy_batches(lengths, 120, 150)
+
+
+def test_packed_batches_fill_the_budget(tokenizer):
+    """Issue 12: at least 95% of the budget is real target tokens over an epoch's worth of
+    batches (the old length buckets carried 77-84%; measured 98.8%)."""
+    budget = 2048
+    dataset = pipeline.make_dataset(corpora.sample_dataset("train"), tokenizer,
+                                    batch_tokens=budget, max_length=64, repeat=True)
+    real, batches = 0, 0
+    for inputs, labels in dataset.take(200).as_numpy_iterator():
+        assert inputs["source_ids"].size <= 1.5 * budget and labels.size <= budget
+        real += int((labels != 0).sum())
+        batches += 1
+    assert real / (batches * budget) >= 0.95
 
 
 def test_static_mode_shapes(tokenizer):

@@ -103,9 +103,33 @@ def test_bad_requests(loaded):
     assert translations[1] == b"" and len(translations) == 3
     assert np.all(np.isfinite(out["scores"].numpy()))
     options = loaded.signatures["translate_with_options"]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size"):
-        options(inputs=tf.constant(["Hi."]), beam_size=tf.constant(0),
-                alpha=tf.constant(0.6), max_extra=tf.constant(5))
+    for beam, alpha, message in ((0, 0.6, "beam_size"), (17, 0.6, "beam_size must be <= 16"),
+                                 (1000, 0.6, "beam_size"), (4, -0.5, "alpha"),
+                                 (4, float("nan"), "alpha")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            options(inputs=tf.constant(["Hi."]), beam_size=tf.constant(beam),
+                    alpha=tf.constant(alpha), max_extra=tf.constant(5))
+
+
+def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(loaded, trained_dir):
+    """Issue 14: an over-long `source_ids` row is cut to max_input_length pieces ending in
+    EOS, exactly as the string signatures cut text; an all-padding row gives an empty
+    sequence and score 0, like a blank string."""
+    from trainers import artifacts
+
+    tokenizer = artifacts.load_tokenizer(trained_dir)
+    config, _ = artifacts.read_run_config(trained_dir)
+    max_input = config.max_length - MAX_EXTRA
+    text = " ".join(["The dog sleeps."] * 400)
+    pieces = tokenizer.tokenize([text]).to_list()[0]
+    assert len(pieces) > max_input
+    by_text = loaded.signatures["serving_default"](inputs=tf.constant([text]))
+    rows = tf.constant([pieces + [2], [0] * (len(pieces) + 1)], tf.int32)
+    by_ids = loaded.signatures["translate_ids"](source_ids=rows)
+    np.testing.assert_allclose(by_ids["scores"][0], by_text["scores"][0], rtol=1e-5)
+    assert tokenizer.detokenize(by_ids["sequences"][:1]).numpy()[0] == \
+        by_text["translations"].numpy()[0]
+    assert by_ids["scores"][1] == 0.0 and not np.any(by_ids["sequences"][1])
 
 
 def test_options_signature_and_ids_signature_agree(loaded, trained_dir):

@@ -99,3 +99,74 @@ def test_train_step_compiles_with_xla(rng):
     assert model.jit_compile
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("global_policy", [False, True])
+def test_bfloat16_both_ways_train_infer_and_decode(rng, global_policy):
+    """Issue 14: a model asked for bfloat16 through its own `dtype` works as one built under
+    the global policy: every sublayer (dropout included) computes in bfloat16, in training,
+    inference and decoding."""
+    if global_policy:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        model = kt.Transformer(small_config(dropout=0.1))
+    else:
+        model = kt.Transformer(small_config(dropout=0.1), dtype="mixed_bfloat16")
+    model.build()
+    inputs = batch(rng)
+    assert model({**inputs}, training=True).dtype == tf.float32
+    assert model(inputs, training=False).dtype == tf.float32
+    assert {layer.compute_dtype for layer in model._flatten_layers()} == {"bfloat16"}
+    result = kt.greedy_search(model, inputs["source_ids"], bos_id=1, eos_id=2, max_extra=3)
+    assert result is not None
+
+
+def test_logits_are_computed_in_float32_under_mixed_precision(rng):
+    """Issue 14: under mixed_bfloat16 the output projection itself runs in float32: the logits
+    equal a NumPy float32 product of the (bfloat16) decoder output with the float32 table,
+    not that product rounded to bfloat16."""
+    model = kt.Transformer(small_config(), dtype="mixed_bfloat16")
+    model.build()
+    x = tf.cast(tf.random.stateless_normal([2, 3, 32], [1, 2]), tf.bfloat16)
+    logits = model.embedding.logits(x)
+    table = model.embedding.embeddings.numpy()
+    expected = x.numpy().astype(np.float32) @ table.T
+    np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
+    rounded = tf.cast(tf.cast(expected, tf.bfloat16), tf.float32).numpy()
+    assert not np.allclose(logits.numpy(), rounded, rtol=1e-6, atol=0)
+
+
+def test_gradient_accumulation_weights_every_token_equally(rng):
+    """Issue 14: an update accumulated over a short and a long micro-batch equals one update
+    on both together (the loss is the mean over the update's real tokens). Adam with a huge
+    epsilon makes the first update proportional to the gradient, so a different weighting
+    of the micro-batches would show; Keras' plain averaging of the micro-batch means is
+    checked to differ, so the comparison can fail."""
+    short = {"source_ids": random_ids(rng, 2, 3, 50, 3), "target_ids": random_ids(rng, 2, 2, 50, 2)}
+    long = {"source_ids": random_ids(rng, 6, 9, 50, 9), "target_ids": random_ids(rng, 6, 8, 50, 8)}
+    labels = [np.roll(b["target_ids"], -1, axis=1) for b in (short, long)]
+    both = {k: np.concatenate([np.pad(short[k], ((0, 0), (0, long[k].shape[1] - short[k].shape[1]))),
+                               long[k]]) for k in short}
+    both_labels = np.concatenate([np.pad(labels[0], ((0, 0), (0, 6))), labels[1]])
+
+    def one_update(optimizer, batches):
+        keras.utils.set_random_seed(1)
+        model = make_model()
+        model.compile(optimizer=optimizer, loss=kt.LabelSmoothedCrossEntropy())
+        data = tf.data.Dataset.from_generator(
+            lambda: iter(batches), output_signature=(
+                {"source_ids": tf.TensorSpec([None, None], tf.int32),
+                 "target_ids": tf.TensorSpec([None, None], tf.int32)},
+                tf.TensorSpec([None, None], tf.int32)))
+        start = [w.numpy() for w in model.trainable_weights]
+        model.fit(data, epochs=1, steps_per_epoch=len(batches), verbose=0)
+        return [w.numpy() - s for w, s in zip(model.trainable_weights, start)]
+
+    big = one_update(kt.make_optimizer(1e-2, epsilon=1e3), [(both, both_labels)])
+    accumulated = one_update(kt.make_optimizer(1e-2, epsilon=1e3, gradient_accumulation_steps=2),
+                             [(short, labels[0]), (long, labels[1])])
+    averaged = one_update(keras.optimizers.Adam(1e-2, beta_1=0.9, beta_2=0.98, epsilon=1e3,
+                                                gradient_accumulation_steps=2),
+                          [(short, labels[0]), (long, labels[1])])
+    for b, a in zip(big, accumulated):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-9)
+    assert max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(averaged, big)) > 0.05

@@ -182,6 +182,9 @@ def test_average_equals_numpy_mean(tmp_path):
     (["--dataset", "files", "--train_files", "a.en", "b.de", "c.fr"], "one TSV file or two"),
     (["--strategy", "multi_worker"], "TF_CONFIG"),
     (["--train_steps", "7", "--steps_per_epoch", "5"], "multiple of"),
+    (["--max_train_length", "2000"], "longer than the model's positions"),
+    (["--strategy", "mirrored", "--steps_per_execution", "2", "--train_steps", "4",
+      "--steps_per_epoch", "2"], "MirroredStrategy"),
 ])
 def test_user_mistakes_are_clear_errors(tmp_path, args, message):
     result = trainer(*SMALL, "--model_dir", str(tmp_path / "run"), *args,
@@ -194,3 +197,54 @@ def test_user_mistakes_are_clear_errors(tmp_path, args, message):
 def test_bad_flag_value_is_rejected():
     result = trainer("--precision", "float8", timeout=120)
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_precision_auto_follows_the_hardware():
+    """bfloat16 only where it is native (issue 12): emulated bfloat16 is slower than float32."""
+    import tensorflow as tf
+
+    from trainers.precision import choose_precision
+
+    strategy = tf.distribute.get_strategy()
+    assert choose_precision("auto", strategy, flags={"avx2", "fma"})[0] == "float32"
+    assert choose_precision("auto", strategy, flags={"avx2", "avx512_bf16"})[0] == "mixed_bfloat16"
+    assert choose_precision("auto", strategy, flags={"amx_bf16"})[0] == "mixed_bfloat16"
+    assert choose_precision("float32", strategy, flags={"amx_bf16"}) == ("float32", "as asked")
+
+
+@pytest.mark.slow
+def test_steps_per_execution_trains_the_same_weights(tmp_path):
+    """Several steps per call into the graph (issue 12): the same weights as one step per
+    call, checkpoints at the same steps, counted on the host."""
+    common = SMALL + ["--train_steps", "12", "--steps_per_epoch", "6", "--no_eval",
+                      "--deterministic", "--checkpoint_every_steps", "6"]
+    one = trainer(*common, "--model_dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    four = trainer(*common, "--steps_per_execution", "3", "--model_dir", str(tmp_path / "three"))
+    assert four.returncode == 0, four.stderr[-3000:]
+    names = lambda d: [p.name for p in sorted((tmp_path / d / "checkpoints").glob("*.h5"))]  # noqa: E731
+    assert names("one") == names("three") == ["ckpt-00000006.weights.h5", "ckpt-00000012.weights.h5"]
+    assert_same_weights(final_checkpoint(tmp_path / "one"), final_checkpoint(tmp_path / "three"),
+                        atol=1e-6, skip=KEY_BIAS)
+    summary = json.loads((tmp_path / "three/train_summary.json").read_text())
+    assert summary["steps"] == 12 and summary["batches"] == 12
+    assert 0.5 < summary["real_token_share"] <= 1.0
+
+
+@pytest.mark.slow
+def test_time_budget_stops_then_evaluates(tmp_path):
+    """--train_minutes stops training cleanly, then averages, evaluates; a rerun of the same
+    command finds the budget spent and only re-evaluates."""
+    args = SMALL + ["--train_steps", "100000", "--steps_per_epoch", "100", "--train_minutes",
+                    "0.3", "--eval_max_sentences", "20", "--no_export", "--model_dir",
+                    str(tmp_path / "run")]
+    start = time.monotonic()
+    first = trainer(*args, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert time.monotonic() - start < 240
+    assert "test: BLEU" in first.stdout
+    steps = json.loads((tmp_path / "run/train_summary.json").read_text())["steps"]
+    assert 0 < steps < 100000
+    assert final_checkpoint(tmp_path / "run").name == f"ckpt-{steps:08d}.weights.h5"
+    second = trainer(*args, timeout=600)
+    assert second.returncode == 0 and "used up" in second.stdout, second.stderr[-3000:]

@@ -1,9 +1,15 @@
-"""Progress reporting: target tokens per second in the progress bar and TensorBoard."""
+"""Progress reporting (target tokens per second, the real-token share of the batch budget)
+and the training time budget. None of them reads the device more than twice an epoch."""
 
+import json
+import logging
+import pathlib
 import time
 
 import keras
 import tensorflow as tf
+
+logger = logging.getLogger(__name__)
 
 
 class TargetTokens(keras.metrics.Metric):
@@ -29,23 +35,91 @@ class TargetTokens(keras.metrics.Metric):
 
 
 class Throughput(keras.callbacks.Callback):
-    """Adds `tokens_per_second` (real target tokens, all replicas) to the logs, averaged over
-    the epoch so far; the first batch of an epoch (tracing, warm-up) is left out."""
+    """At each epoch end, adds to the logs `tokens_per_second` (real target tokens, all
+    replicas, per second of the epoch after its first batch, which holds tracing and warm-up)
+    and `real_token_share` (real target tokens over batches x `batch_tokens`), and logs both.
+    Reads the token count twice an epoch: after the first batch and at the end."""
+
+    def __init__(self, batch_tokens=None):
+        super().__init__()
+        self.batch_tokens = batch_tokens
+        self.history = []
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._tokens_at_start = None, 0.0
+        self._start, self._tokens_at_start, self._batches = None, 0.0, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        if logs is None or "target_tokens" not in logs:
-            return
-        tokens = float(logs["target_tokens"])
-        if self._start is None:
-            self._start, self._tokens_at_start = time.perf_counter(), tokens
-            return
-        elapsed = time.perf_counter() - self._start
-        logs["tokens_per_second"] = (tokens - self._tokens_at_start) / max(elapsed, 1e-9)
-        self._last = logs["tokens_per_second"]
+        self._batches = batch + 1
+        if self._start is None and logs is not None and "target_tokens" in logs:
+            self._tokens_at_start = float(logs["target_tokens"])
+            self._start, self._first_batches = time.perf_counter(), batch + 1
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None and getattr(self, "_last", None) is not None:
-            logs["tokens_per_second"] = self._last
+        if logs is None or "target_tokens" not in logs or self._start is None:
+            return
+        tokens = float(logs["target_tokens"])
+        elapsed = time.perf_counter() - self._start
+        figures = {}
+        if self._batches > self._first_batches:
+            figures["tokens_per_second"] = (tokens - self._tokens_at_start) / max(elapsed, 1e-9)
+        if self.batch_tokens:
+            figures["real_token_share"] = tokens / (self._batches * self.batch_tokens)
+        logs.update(figures)
+        self.history.append({"epoch": epoch + 1, "batches": self._batches,
+                             "target_tokens": tokens, "timed_tokens": tokens - self._tokens_at_start,
+                             "timed_seconds": elapsed, "loss": float(logs.get("loss", "nan")),
+                             **figures})
+        logger.info("epoch %d: %s", epoch + 1,
+                    ", ".join(f"{k.replace('_', ' ')} {v:,.3g}" for k, v in figures.items()))
+
+    def summary(self):
+        """The run's figures: totals over its epochs and the last epoch's loss."""
+        if not self.history:
+            return {}
+        batches = sum(e["batches"] for e in self.history)
+        tokens = sum(e["target_tokens"] for e in self.history)
+        seconds = sum(e["timed_seconds"] for e in self.history)
+        return {"batches": batches, "target_tokens": tokens,
+                "tokens_per_second": sum(e["timed_tokens"] for e in self.history) / max(seconds, 1e-9),
+                "real_token_share": tokens / (batches * self.batch_tokens) if self.batch_tokens else None,
+                "final_loss": self.history[-1]["loss"], "epochs": self.history}
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training once `minutes` of training have passed, counting the minutes of earlier
+    runs in the same model_dir (kept in `record`), so a resumed run continues the budget.
+    Checked on the host after every batch; the stop comes at the end of a step."""
+
+    def __init__(self, minutes, record):
+        super().__init__()
+        self.minutes, self.record = minutes, pathlib.Path(record)
+        self.stopped = False
+
+    def used_before(self):
+        if self.record.exists():
+            return float(json.loads(self.record.read_text())["train_minutes"])
+        return 0.0
+
+    def used(self):
+        return self._before + (time.monotonic() - self._start) / 60
+
+    def exhausted(self):
+        return self.used_before() >= self.minutes
+
+    def on_train_begin(self, logs=None):
+        self._before, self._start = self.used_before(), time.monotonic()
+
+    def _write(self):
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        self.record.write_text(json.dumps({"train_minutes": self.used()}))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.used() >= self.minutes and not self.model.stop_training:
+            self.model.stop_training, self.stopped = True, True
+            logger.info("time budget of %g minutes reached: stopping training", self.minutes)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._write()
+
+    def on_train_end(self, logs=None):
+        self._write()

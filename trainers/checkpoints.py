@@ -5,8 +5,9 @@ import logging
 import pathlib
 import time
 
-import keras
 import numpy as np
+
+from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +23,11 @@ def list_checkpoints(directory):
     return sorted(pathlib.Path(directory).glob(CHECKPOINT_GLOB))
 
 
-class PeriodicCheckpoint(keras.callbacks.Callback):
+class PeriodicCheckpoint(HostStepCounter):
     """Saves the weights every `every_steps` optimizer steps and every `every_minutes` minutes
-    (the paper: 10), and at the end of training, keeping the newest `keep` files."""
+    (the paper: 10), and at the end of training, keeping the newest `keep` files. Steps are
+    counted on the host; with `steps_per_execution` a save falls on the first step at or
+    after each multiple of `every_steps`."""
 
     def __init__(self, directory, every_steps=None, every_minutes=10.0, keep=20):
         super().__init__()
@@ -32,11 +35,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.every_steps, self.every_minutes, self.keep = every_steps, every_minutes, keep
         self._last_time = time.monotonic()
 
-    def _step(self):
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
     def save(self):
-        path = checkpoint_path(self.directory, self._step())
+        path = checkpoint_path(self.directory, self.step)
         self._last_time = time.monotonic()
         if path.exists():
             return
@@ -47,15 +47,17 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             old.unlink()
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self._step()
-        by_steps = self.every_steps and step % self.every_steps == 0
+        before = self.step
+        super().on_train_batch_end(batch, logs)
+        by_steps = self.every_steps and self.step // self.every_steps > before // self.every_steps
         by_time = (self.every_minutes and
                    time.monotonic() - self._last_time >= 60 * self.every_minutes)
         if by_steps or by_time:
             self.save()
 
     def on_train_end(self, logs=None):
-        self.save()
+        if self._micro_batches is not None:  # at least one batch ran
+            self.save()
 
 
 def epochs_done(backup_dir):

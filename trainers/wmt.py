@@ -18,16 +18,21 @@ import time
 
 DATASET_DEFAULTS = {
     # Sized so that the main job runs in a few minutes on two CPU cores.
+    # Its sentence templates are nearly fixed by their length: batches of one length learn
+    # slowly there, so it trains on batches of mixed lengths (see keras_transformer/data/pipeline.py).
     "sample": dict(preset="tiny", vocab_size=2000, batch_tokens=2048, max_train_length=64,
-                   train_steps=300, warmup_steps=200, lr_scale=0.5, steps_per_epoch=100,
-                   checkpoint_every_steps=100, average_last=2, eval_splits="test"),
+                   batching="mixed",
+                   train_steps=240, warmup_steps=160, lr_scale=0.5, steps_per_epoch=80,
+                   checkpoint_every_steps=40, average_last=2, eval_splits="test"),
     # §5: 25,000 source and 25,000 target tokens per batch, sequences up to 256 pieces.
     "wmt14": dict(preset="base", vocab_size=37000, batch_tokens=25000, max_train_length=256,
+                  batching="packed",
                   steps_per_epoch=1000, checkpoint_every_steps=None, average_last=None,
                   eval_splits="validation,test"),
 }
 DATASET_DEFAULTS["files"] = dict(DATASET_DEFAULTS["wmt14"])
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+SKIP_COUNTS = {}  # --dataset files: lines skipped per split, counted as the data is read
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 
 def _bool(text):
@@ -49,10 +54,18 @@ def build_parser():
     run.add_argument("--tpu", default=None, help="TPU name or grpc:// address ('local' on a TPU VM)")
     run.add_argument("--logical_cpus", type=int, default=None,
                      help="split the CPU into N devices (mirrored replicas without GPUs)")
-    run.add_argument("--precision", choices=PRECISIONS, default="float32")
+    run.add_argument("--precision", choices=PRECISIONS, default="auto",
+                     help="auto: mixed_bfloat16 on TPUs, GPUs and CPUs with native bfloat16 "
+                          "(AMX, AVX512-BF16), float32 elsewhere")
+    run.add_argument("--steps_per_execution", type=int, default=1,
+                     help="train steps per call into the graph (TPU or one device; not "
+                          "MirroredStrategy on CPUs)")
     run.add_argument("--jit_compile", action="store_true", help="compile the train step with XLA")
     run.add_argument("--static_batches", action="store_true",
                      help="bucketed static shapes (implied by --strategy tpu)")
+    run.add_argument("--batching", choices=("packed", "mixed"), default=None,
+                     help="packed: batches of one target length filling the budget (default); "
+                          "mixed: batches of mixed lengths (default for --dataset sample)")
     run.add_argument("--deterministic", action="store_true", help="enable op determinism")
     run.add_argument("--seed", type=int, default=0)
 
@@ -89,6 +102,9 @@ def build_parser():
     train.add_argument("--steps_per_epoch", type=int, default=None,
                        help="steps between progress summaries and BackupAndRestore saves")
     train.add_argument("--checkpoint_every_steps", type=int, default=None)
+    train.add_argument("--train_minutes", type=float, default=None,
+                       help="stop training after M minutes (resumed runs continue the budget), "
+                            "then average, evaluate and export as usual")
     train.add_argument("--checkpoint_every_minutes", type=float, default=10.0)
     train.add_argument("--keep_checkpoints", type=int, default=20)
     train.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
@@ -125,7 +141,7 @@ def resolve_settings(args):
     config = TransformerConfig.preset(preset, **overrides)
     settings = {k: v for k, v in vars(args).items() if k not in fields}
     for key in ("batch_tokens", "max_train_length", "lr_scale", "steps_per_epoch",
-                "checkpoint_every_steps", "average_last", "eval_splits"):
+                "checkpoint_every_steps", "average_last", "eval_splits", "batching"):
         if settings.get(key) is None:
             settings[key] = defaults.get(key)
     settings["lr_scale"] = settings["lr_scale"] or 1.0
@@ -145,6 +161,18 @@ def resolve_settings(args):
     if config.train_steps % settings["steps_per_epoch"]:
         raise ConfigError(f"--train_steps {config.train_steps} must be a multiple of "
                          f"--steps_per_epoch {settings['steps_per_epoch']}.")
+    if settings["max_train_length"] > config.max_length:
+        raise ConfigError(f"--max_train_length {settings['max_train_length']} is longer than the "
+                          f"model's positions (--max_length {config.max_length}): raise "
+                          "--max_length or lower --max_train_length.")
+    spe = settings["steps_per_execution"]
+    if spe < 1 or (settings["steps_per_epoch"] * settings["grad_accum"]) % spe:
+        raise ConfigError(f"--steps_per_execution {spe} must be at least 1 and divide the "
+                          f"batches of an epoch ({settings['steps_per_epoch']} x --grad_accum "
+                          f"{settings['grad_accum']}).")
+    if spe > 1 and settings["strategy"] in ("mirrored", "multi_worker"):
+        raise ConfigError(f"--steps_per_execution {spe} needs --strategy default, one_device "
+                          "or tpu: Keras crashes with it under MirroredStrategy on CPUs.")
     return config, settings
 
 
@@ -161,7 +189,8 @@ def split_pairs(settings, split):
         paths = settings.get(f"{split}_files")
         if not paths:
             raise corpora.DataError(f"--dataset files: no --{split}_files given.")
-        return corpora.files_dataset(paths)
+        counts = SKIP_COUNTS.setdefault(split, corpora.SkipCounts())
+        return corpora.files_dataset(paths, counts)
     return corpora.tfds_dataset(settings["tfds_name"], split, settings["source_language"],
                                 settings["target_language"], settings["data_dir"])
 
@@ -198,54 +227,61 @@ def checkpoint_dir(model_dir, chief, worker):
     return model_dir / "checkpoints" if chief else model_dir / "workers" / worker / "checkpoints"
 
 
-def make_callbacks(settings, config, model_dir, chief, worker):
+def make_callbacks(settings, schedule, model_dir, chief, worker, budget=None):
     import keras
 
     import keras_transformer as kt
     from trainers.callbacks import Throughput
     from trainers.checkpoints import PeriodicCheckpoint
 
-    schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings["lr_scale"])
     callbacks = [
-        kt.ScheduleCallback(schedule),
-        Throughput(),
-        keras.callbacks.TerminateOnNaN(),
+        # First: it restores the weights and the optimizer's step the others count from.
         keras.callbacks.BackupAndRestore(str(model_dir / "backup" / worker),
                                          save_freq="epoch", delete_checkpoint=False),
+        kt.ScheduleCallback(schedule),
+        Throughput(settings["batch_tokens"]),
+        keras.callbacks.TerminateOnNaN(),
         PeriodicCheckpoint(checkpoint_dir(model_dir, chief, worker),
                            settings["checkpoint_every_steps"],
                            settings["checkpoint_every_minutes"], settings["keep_checkpoints"]),
     ]
+    if budget is not None:
+        callbacks.append(budget)
     if chief:
         callbacks.append(keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq=50))
     return callbacks
 
 
 def train(settings, config, strategy, tokenizer, model_dir):
+    import keras
     import tensorflow as tf
 
     import keras_transformer as kt
     from keras_transformer.data import pipeline
-    from trainers.callbacks import TargetTokens
+    from trainers.callbacks import TargetTokens, Throughput, TimeBudget
     from trainers.checkpoints import epochs_done
     from trainers.strategy import is_chief, worker_id
 
     chief, worker = is_chief(strategy), worker_id(strategy)
+    schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings["lr_scale"])
     with strategy.scope():
         model = kt.Transformer(config)
         model.build()
         optimizer = kt.make_optimizer(
-            0.0, gradient_accumulation_steps=settings["grad_accum"] if settings["grad_accum"] > 1 else None)
+            schedule,
+            gradient_accumulation_steps=settings["grad_accum"] if settings["grad_accum"] > 1 else None)
         model.compile(optimizer=optimizer,
                       loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
                       metrics=[kt.MaskedTokenAccuracy(config.pad_id), TargetTokens(config.pad_id)],
-                      jit_compile=settings["jit_compile"])
+                      jit_compile=settings["jit_compile"],
+                      steps_per_execution=settings["steps_per_execution"])
     static = settings["static_batches"] or isinstance(strategy, tf.distribute.TPUStrategy)
     stats = pipeline.PipelineStats()
     dataset = pipeline.make_dataset(
         split_pairs(settings, "train"), tokenizer, batch_tokens=settings["batch_tokens"],
         max_length=settings["max_train_length"], seed=settings["seed"], static=static,
-        num_replicas=strategy.num_replicas_in_sync, repeat=True, stats=stats)
+        num_replicas=strategy.num_replicas_in_sync, repeat=True, stats=stats, pad_id=config.pad_id,
+        sort=settings["batching"] == "packed")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
@@ -258,11 +294,31 @@ def train(settings, config, strategy, tokenizer, model_dir):
         print(f"Resuming after epoch {done} (step {done * steps_per_epoch}): replaying the "
               "input pipeline to that position.", flush=True)
         dataset = dataset.skip(done * steps_per_epoch * settings["grad_accum"])
+    budget = None
+    if settings["train_minutes"] is not None:
+        budget = TimeBudget(settings["train_minutes"], model_dir / "backup" / worker / "time.json")
+        if budget.exhausted():
+            print(f"The time budget of {settings['train_minutes']:g} minutes is used up: "
+                  "no more training.", flush=True)
+            done = epochs
     if done < epochs:
+        callbacks = make_callbacks(settings, schedule, model_dir, chief, worker, budget)
+        start = time.monotonic()
         model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch * settings["grad_accum"],
-                  callbacks=make_callbacks(settings, config, model_dir, chief, worker),
-                  verbose=settings["verbose"], shuffle=False)
+                  callbacks=callbacks, verbose=settings["verbose"], shuffle=False)
+        throughput = next(c for c in callbacks if isinstance(c, Throughput))
+        summary = {**throughput.summary(), "fit_seconds": time.monotonic() - start,
+                   "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+                   "precision": settings["precision"], "batch_tokens": settings["batch_tokens"]}
+        if chief:
+            (model_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        if summary.get("real_token_share") is not None:
+            print(f"trained to step {summary['steps']}: {summary['tokens_per_second']:,.0f} real "
+                  f"target tokens/s, {100 * summary['real_token_share']:.1f}% of the batch budget "
+                  "real target tokens", flush=True)
     stats.log()
+    for split, counts in SKIP_COUNTS.items():
+        counts.log(f"--{split}_files")
     return model
 
 
@@ -342,7 +398,12 @@ def run(argv=None):
     if settings["deterministic"]:
         tf.config.experimental.enable_op_determinism()
     strategy = resolve_strategy(settings["strategy"], settings["tpu"])
-    keras.mixed_precision.set_global_policy(settings["precision"])
+    from trainers.precision import choose_precision
+
+    precision, why = choose_precision(settings["precision"], strategy)
+    settings["precision"] = precision
+    keras.mixed_precision.set_global_policy(precision)
+    print(f"precision {precision} ({why})", flush=True)
     model_dir = pathlib.Path(settings["model_dir"])
 
     if settings["eval_only"]:
@@ -362,12 +423,12 @@ def run(argv=None):
           f"d_model {config.d_model}, vocab {config.vocab_size}; strategy {settings['strategy']} "
           f"({strategy.num_replicas_in_sync} replica(s)); {config.train_steps} steps of "
           f"{settings['batch_tokens']} tokens; model_dir {model_dir}", flush=True)
-    model = train(settings, config, strategy, tokenizer, model_dir)
+    train(settings, config, strategy, tokenizer, model_dir)
     if settings["no_eval"] or not is_chief(strategy):
         return None
-    # A model built outside the strategy's scope translates and exports without replicas.
-    return evaluate(settings, config, tokenizer, model_dir,
-                    artifacts.build_model(config) if strategy.num_replicas_in_sync > 1 else model)
+    # A fresh model, built outside the strategy's scope and without the training state,
+    # translates and exports (the trained one failed to retrace beam search in this process).
+    return evaluate(settings, config, tokenizer, model_dir, artifacts.build_model(config))
 
 
 def main(argv=None):

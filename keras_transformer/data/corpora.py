@@ -1,12 +1,11 @@
 """Sources of sentence pairs: TFDS translation datasets (WMT 2014 by default), local parallel
 corpora (two aligned files or one TSV, plain or gzip) and the embedded sample corpus.
 
-Each returns a `tf.data.Dataset` of (source, target) scalar strings. Bad lines in local files
-(empty or whitespace-only, not valid UTF-8, not two tab-separated fields) are skipped and
-counted, and the counts are logged when a pass over the file ends.
+Each returns a `tf.data.Dataset` of (source, target) scalar strings. Local files are read in
+the graph (`tf.data.TextLineDataset`, gzip included); bad lines (empty or whitespace-only, not
+valid UTF-8, not two tab-separated fields) are skipped and counted (`SkipCounts`).
 """
 
-import collections
 import gzip
 import logging
 import pathlib
@@ -16,8 +15,6 @@ import tensorflow as tf
 from keras_transformer.data import sample_corpus
 
 logger = logging.getLogger(__name__)
-
-PAIR_SPEC = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
 
 
 class DataError(ValueError):
@@ -36,25 +33,52 @@ def _count_lines(path):
         return sum(1 for _ in f)
 
 
-class SkipCounter(collections.Counter):
-    """Counts skipped lines by reason and logs them at the end of a pass."""
+class SkipCounts:
+    """Lines of local corpus files read, kept and skipped by reason, counted in the graph as
+    the dataset is read (accumulated over passes); `log` reports them."""
 
-    def log(self, what, kept):
-        skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(self.items())) or "none"
-        logger.info("%s: %d pairs read; skipped: %s", what, kept, skipped)
+    REASONS = ("not two tab-separated fields", "not valid UTF-8", "empty")
+
+    def __init__(self):
+        self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.skipped = {reason: tf.Variable(0, dtype=tf.int64, trainable=False)
+                        for reason in self.REASONS}
+
+    def count(self, name, condition):
+        variable = self.kept if name == "kept" else self.skipped[name]
+        variable.assign_add(tf.cast(condition, tf.int64))
+
+    def as_dict(self):
+        return {"kept": int(self.kept.numpy()),
+                **{reason: int(v.numpy()) for reason, v in self.skipped.items()}}
+
+    def log(self, what):
+        counts = self.as_dict()
+        skipped = ", ".join(f"{counts[r]} {r}" for r in self.REASONS if counts[r]) or "none"
+        logger.info("%s: %d pairs read; skipped: %s", what, counts["kept"], skipped)
 
 
-def _clean_pair(raw_source, raw_target, skipped):
-    try:
-        source, target = raw_source.decode("utf-8"), raw_target.decode("utf-8")
-    except UnicodeDecodeError:
-        skipped["not valid UTF-8"] += 1
-        return None
-    source, target = source.strip(), target.strip()
-    if not source or not target:
-        skipped["empty"] += 1
-        return None
-    return source, target
+def _valid_utf8(text):
+    # Transcoding drops invalid sequences only: valid text comes back unchanged.
+    return tf.equal(tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="ignore"), text)
+
+
+def _clean_pairs(pairs, counts):
+    """Drops (and counts) pairs with a side that is not valid UTF-8 or empty once stripped."""
+
+    def keep(source, target, well_formed=True):
+        well_formed = tf.convert_to_tensor(well_formed)
+        valid = _valid_utf8(source) & _valid_utf8(target)
+        empty = ((tf.strings.length(tf.strings.strip(source)) == 0)
+                 | (tf.strings.length(tf.strings.strip(target)) == 0))
+        counts.count("not two tab-separated fields", ~well_formed)
+        counts.count("not valid UTF-8", well_formed & ~valid)
+        counts.count("empty", well_formed & valid & empty)
+        ok = well_formed & valid & ~empty
+        counts.count("kept", ok)
+        return ok
+
+    return pairs.filter(keep).map(lambda s, t, *_: (tf.strings.strip(s), tf.strings.strip(t)))
 
 
 def check_aligned(source_path, target_path):
@@ -67,55 +91,34 @@ def check_aligned(source_path, target_path):
             "number in the other file.")
 
 
-def _read_aligned(source_path, target_path, skipped=None):
-    skipped = SkipCounter() if skipped is None else skipped
-    kept = 0
-    with _open(source_path) as sources, _open(target_path) as targets:
-        for raw_source, raw_target in zip(sources, targets):
-            pair = _clean_pair(raw_source, raw_target, skipped)
-            if pair:
-                kept += 1
-                yield pair
-    skipped.log(f"{source_path} + {target_path}", kept)
+def _lines(path):
+    _open(path).close()  # DataError now if it does not exist
+    return tf.data.TextLineDataset(str(path), compression_type="GZIP" if str(path).endswith(".gz")
+                                   else "")
 
 
-def read_parallel_files(source_path, target_path, skipped=None):
-    """Yields (source, target) pairs from two line-aligned files (plain or .gz), after
-    checking that their line counts agree (DataError otherwise)."""
-    check_aligned(source_path, target_path)
-    yield from _read_aligned(source_path, target_path, skipped)
-
-
-def read_tsv(path, skipped=None):
-    """Yields (source, target) pairs from a TSV file (plain or .gz): source<TAB>target."""
-    skipped = SkipCounter() if skipped is None else skipped
-    kept = 0
-    with _open(path) as lines:
-        for raw in lines:
-            fields = raw.rstrip(b"\r\n").split(b"\t")
-            if len(fields) != 2:
-                skipped["not two tab-separated fields"] += 1
-                continue
-            pair = _clean_pair(fields[0], fields[1], skipped)
-            if pair:
-                kept += 1
-                yield pair
-    skipped.log(str(path), kept)
-
-
-def files_dataset(paths, skipped=None):
-    """Pairs from one TSV (`[path]`) or two aligned files (`[source, target]`), re-read at
-    every pass. Files are checked (existence, line counts) before this returns."""
+def files_dataset(paths, counts=None):
+    """Pairs from one TSV (`[path]`, source<TAB>target) or two aligned files (`[source,
+    target]`), plain or .gz, read in the graph by `tf.data.TextLineDataset` and re-read at
+    every pass. Lines that are empty, not valid UTF-8 or (TSV) not two tab-separated fields
+    are skipped and counted in `counts` (a `SkipCounts`). Files are checked (existence, line
+    counts) before this returns."""
+    counts = SkipCounts() if counts is None else counts
     paths = [str(p) for p in paths]
     if len(paths) == 1:
-        _count_lines(paths[0])
-        generator = lambda: read_tsv(paths[0], skipped)  # noqa: E731
+        def fields(line):
+            parts = tf.strings.split(line, "\t")
+            well_formed = tf.size(parts) == 2
+            padded = tf.concat([parts, ["", ""]], 0)
+            return padded[0], padded[1], well_formed
+
+        pairs = _lines(paths[0]).map(fields)
     elif len(paths) == 2:
         check_aligned(*paths)
-        generator = lambda: _read_aligned(*paths, skipped=skipped)  # noqa: E731
+        pairs = tf.data.Dataset.zip((_lines(paths[0]), _lines(paths[1])))
     else:
         raise DataError(f"Give one TSV file or two aligned files, not {len(paths)}: {paths}.")
-    return tf.data.Dataset.from_generator(generator, output_signature=PAIR_SPEC)
+    return _clean_pairs(pairs, counts)
 
 
 def sample_dataset(split):

@@ -2,16 +2,25 @@
 the length limit (counted), and batch pairs of similar length under a token budget.
 
 Elements are `({"source_ids": [B, S], "target_ids": [B, T]}, labels [B, T])`, int32, padded
-with 0: source = tokens + EOS, target_ids = BOS + tokens (the target shifted right),
+with `pad_id` (0): source = tokens + EOS, target_ids = BOS + tokens (the target shifted right),
 labels = tokens + EOS.
 
 Two batching modes:
-- dynamic (GPUs, CPUs): batches padded to their own longest pair; batch size per length
-  bucket = batch_tokens // bucket length, so every batch holds at most `batch_tokens` source
-  and at most `batch_tokens` target positions, padding included. Nothing is dropped.
-- static (TPUs, XLA): every batch padded to its bucket's length, batch sizes fixed per bucket
-  and divisible by the replica count, remainders dropped: only a handful of shapes, so XLA
-  compiles each once.
+- dynamic (GPUs, CPUs), the default: pairs are read in windows of `window` pairs, each window
+  is sorted by target length and cut greedily into batches as large as the budget allows:
+  B x longest target <= batch_tokens, B x longest source <= source_tokens (fairseq's and
+  OpenNMT-tf's "sort within a window and fill to the budget"). Batches are padded to their
+  own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
+  corpus, against 77-84% with length buckets); they are shuffled afterwards. Ties in target
+  length keep their random order. Nothing is dropped. With `sort=False` the window is packed
+  in its shuffled order instead: batches of mixed lengths, with padding. On the sample
+  corpus, whose sentence templates are nearly fixed by their length, batches of one length
+  learn markedly slower per step (training loss after 120 steps of tiny: 3.72 sorted by
+  target length, 4.34 sorted by both lengths, 3.43 length buckets, 2.91 unsorted), so that
+  corpus trains unsorted; natural corpora train sorted, as fairseq and OpenNMT-tf do.
+- static (TPUs, XLA): every batch padded to its length bucket's bound, batch sizes fixed per
+  bucket and divisible by the replica count, remainders dropped: only a handful of shapes, so
+  XLA compiles each once.
 """
 
 import logging
@@ -82,42 +91,114 @@ def encode_pairs(pairs, tokenizer, max_length, stats=None):
     return pairs.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).filter(fits)
 
 
+def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None, sort=True):
+    """Cuts a window of pairs into batches that fill the target budget.
+
+    Sorts the pairs by target length (ties keep their shuffled order, so a batch mixes
+    source lengths and sentence shapes; `sort=False` keeps the shuffled order, for batches
+    of mixed lengths) and walks them in that order, starting a new batch
+    whenever one more pair would take B x longest target over `batch_tokens` or B x longest
+    source over `source_tokens` (default `batch_tokens`). Returns a `tf.RaggedTensor`
+    [batches, None] of indices into the window, one row per batch.
+    """
+    source_tokens = source_tokens or batch_tokens
+    source_lengths = tf.cast(source_lengths, tf.int32)
+    target_lengths = tf.cast(target_lengths, tf.int32)
+    order = tf.argsort(target_lengths if sort else tf.zeros_like(target_lengths), stable=True)
+
+    def add(state, lengths):
+        batch, count, longest_source, longest_target = state
+        source, target = lengths
+        longest_source = tf.maximum(longest_source, source)
+        longest_target = tf.maximum(longest_target, target)
+        fits = ((count + 1) * longest_target <= batch_tokens) & (
+            (count + 1) * longest_source <= source_tokens)
+        return (tf.where(fits, batch, batch + 1), tf.where(fits, count + 1, 1),
+                tf.where(fits, longest_source, source), tf.where(fits, longest_target, target))
+
+    zero = tf.constant(0, tf.int32)
+    batch_ids = tf.scan(add, (tf.gather(source_lengths, order), tf.gather(target_lengths, order)),
+                        initializer=(zero, zero, zero, zero))[0]
+    return tf.RaggedTensor.from_value_rowids(order, batch_ids)
+
+
+def _packed_batches(batch_tokens, source_tokens, pad_id, sort):
+    """A `flat_map` function: one window of ragged rows -> its packed, padded batches."""
+
+    def batches(inputs, labels):
+        groups = pack_sorted(inputs["source_ids"].row_lengths(), labels.row_lengths(),
+                             batch_tokens, source_tokens, sort)
+
+        def gather(rows):
+            def take(ragged):
+                return tf.gather(ragged, rows).to_tensor(default_value=pad_id)
+
+            return ({"source_ids": take(inputs["source_ids"]),
+                     "target_ids": take(inputs["target_ids"])}, take(labels))
+
+        return tf.data.Dataset.from_tensor_slices(groups).map(gather)
+
+    return batches
+
+
 def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle=True, seed=0,
                  shuffle_buffer=50_000, static=False, num_replicas=1, repeat=False,
-                 input_context=None, stats=None):
+                 input_context=None, stats=None, window=None, source_tokens=None, pad_id=0,
+                 sort=True):
     """Batches of token ids from a dataset of (source, target) strings.
 
     Args:
         pairs: `tf.data.Dataset` of (source, target) scalar strings.
         tokenizer: a `Tokenizer` (the shared vocabulary).
-        batch_tokens: the token budget of one batch, for the source and for the target alike
-            (the paper: about 25,000 each, over 8 GPUs).
+        batch_tokens: the token budget of one batch: target positions, padding included (the
+            paper: about 25,000 source and 25,000 target tokens, over 8 GPUs).
+        source_tokens: the budget of the padded source side in dynamic mode (default 1.5 x
+            batch_tokens: a batch mixes source lengths, and its longest source, not its real
+            source tokens, counts). Static mode holds both sides to `batch_tokens`.
         max_length: the longest source or target kept, BOS/EOS included.
         shuffle, seed, shuffle_buffer: shuffle pairs before batching and batches after it,
             reshuffled every epoch, deterministically from `seed`.
         static: the TPU/XLA mode (see the module docstring).
         num_replicas: in static mode, batch sizes are multiples of it.
+        repeat: repeat forever; pairs are repeated before batching, so no epoch ends on a
+            part-filled batch.
         input_context: a `tf.distribute.InputContext`; each worker reads its own shard.
         stats: a `PipelineStats` to count kept and over-long pairs.
+        window: pairs sorted and packed together in dynamic mode (default: enough for about
+            64 full batches of pairs of 8 pieces, at least 8,192).
+        pad_id: the id that pads batches (the model's `config.pad_id`).
+        sort: dynamic mode sorts each window by target length (batches of one length, nearly
+            no padding); False packs pairs in their shuffled order (batches of mixed
+            lengths, about half padding on the sample corpus).
     """
+    if max_length > batch_tokens:
+        raise ConfigError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
+                          f"length {max_length}: raise batch_tokens or lower max_length.")
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle:
         pairs = pairs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        pairs = pairs.repeat()
     dataset = encode_pairs(pairs, tokenizer, max_length, stats)
 
-    boundaries = bucket_boundaries(max_length)
-    sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas if static else 1)
+    if static:
+        boundaries = bucket_boundaries(max_length)
+        sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
 
-    def length(inputs, labels):
-        return tf.maximum(tf.size(inputs["source_ids"]), tf.size(labels))
+        def length(inputs, labels):
+            return tf.maximum(tf.size(inputs["source_ids"]), tf.size(labels))
 
-    dataset = dataset.bucket_by_sequence_length(
-        length, boundaries, sizes, pad_to_bucket_boundary=static, drop_remainder=static)
+        dataset = dataset.bucket_by_sequence_length(
+            length, boundaries, sizes, pad_to_bucket_boundary=True, drop_remainder=True,
+            padding_values=({"source_ids": pad_id, "target_ids": pad_id}, pad_id))
+    else:
+        window = window or max(8192, 64 * batch_tokens // 8)
+        source_tokens = source_tokens or batch_tokens * 3 // 2
+        dataset = dataset.ragged_batch(window).flat_map(
+            _packed_batches(batch_tokens, source_tokens, pad_id, sort))
     if shuffle:
         dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -1,0 +1,207 @@
+"""Training speed where users feel it: `python -m trainers.wmt` run exactly as a user runs it
+(a subprocess, its own flags), against the plain keras-hub loop a user would write instead
+(benchmarks/keras_hub_loop.py), on the same corpus, vocabulary, token budget, dimensions and
+schedule, for the same wall-clock each, alternated.
+
+    python -m benchmarks.end_to_end [--corpus sample|natural] [--minutes 5] [--repeats 1]
+        [--precision float32] [--train_files train.tsv --test_files test.tsv]
+        [--out benchmarks/results/end_to_end_<corpus>.json]
+
+Per run: real target tokens per second (tracing excluded), steps, the share of the batch budget
+that is real target tokens, the final training loss (mean over the last epoch or 100 steps)
+and greedy BLEU on the first `--eval_sentences` held-out sentences (the trainer: the last
+checkpoint, no averaging, beam 1, no length penalty). `sample` is the embedded sample corpus
+(what the quick start trains on); `natural` joins sample sentences into pairs of natural,
+WMT-like lengths (1 to 8 sentences, mean about 27 words) and trains through `--dataset files`.
+The CPU model, its vector flags and the float32 matmul peak are printed beside the figures.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# The corpus settings: the sample corpus as the quick start trains on it; the natural-length
+# corpus at the size the speed issue measured (tiny, vocabulary 8,000, 4,000 tokens a batch).
+CORPORA = {
+    "sample": dict(vocab_size=2000, batch_tokens=2048, max_length=64, warmup_steps=200,
+                   lr_scale=0.5),
+    "natural": dict(vocab_size=8000, batch_tokens=4000, max_length=128, warmup_steps=400,
+                    lr_scale=0.5),
+}
+
+
+def hardware():
+    """CPU model, its flags that matter for matmul speed, and the float32 matmul peak."""
+    from benchmarks.training import matmul_peak
+    from trainers.precision import cpu_flags, cpu_model
+
+    import tensorflow as tf
+
+    flags = cpu_flags()
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"cpu": cpu_model(), "cores": os.cpu_count(),
+            "flags": [f for f in wanted if f in flags],
+            "matmul_peak_gflops_float32": matmul_peak(tf.float32),
+            "tensorflow": tf.__version__}
+
+
+def natural_corpus(directory, seed=0):
+    """Train and test TSVs of sample sentences joined 1 to 8 at a time (mean about 3.5, as
+    long as a WMT sentence), source and target joined alike so each line stays a translation."""
+    from keras_transformer.data import sample_corpus
+
+    rng = random.Random(seed)
+    paths = {}
+    for split in ("train", "test"):
+        pairs, lines = sample_corpus.sample_pairs(split), []
+        index = 0
+        while index < len(pairs):
+            count = min(8, max(1, round(rng.lognormvariate(1.1, 0.6))))
+            chunk = pairs[index:index + count]
+            index += count
+            lines.append(" ".join(s for s, _ in chunk) + "\t" + " ".join(t for _, t in chunk))
+        paths[split] = pathlib.Path(directory) / f"natural.{split}.tsv"
+        paths[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return paths
+
+
+def prepare_vocabulary(corpus_args, model_dir):
+    """The vocabulary the trainer will use (trained once and cached, as the trainer does)."""
+    from trainers import wmt
+
+    parser = wmt.build_parser()
+    config, settings = wmt.resolve_settings(parser.parse_args(corpus_args))
+    tokenizer = wmt.get_tokenizer(settings, config, pathlib.Path(model_dir))
+    return tokenizer.save(pathlib.Path(model_dir) / "benchmark-vocab.model")
+
+
+def run_ours(corpus_args, settings, args, work):
+    model_dir = work / f"ours-{random.random():.6f}"
+    command = [sys.executable, "-m", "trainers.wmt", *corpus_args, "--preset", "tiny",
+               "--precision", args.precision, "--train_minutes", str(args.minutes),
+               "--train_steps", "1000000", "--steps_per_epoch", "100", "--average_last", "1",
+               "--beam_size", "1", "--alpha", "0", "--eval_splits", "test",
+               "--eval_max_sentences", str(args.eval_sentences), "--no_export",
+               "--model_dir", str(model_dir), "--verbose", "2"]
+    if args.xla:
+        command += ["--jit_compile", "--static_batches"]
+    command += args.ours_args.split()
+    print("$", " ".join(command[1:]), flush=True)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the trainer failed:\n{result.stderr[-4000:]}")
+    summary = json.loads((model_dir / "train_summary.json").read_text())
+    scores = json.loads((model_dir / "translations/results.json").read_text())["test"]
+    return {"steps": summary["steps"], "target_tokens_per_s": summary["tokens_per_second"],
+            "real_token_share": summary["real_token_share"],
+            "final_loss": summary["final_loss"], "greedy_bleu": scores["bleu"],
+            "train_seconds": summary["fit_seconds"]}
+
+
+def run_peer(settings, vocab, files, args, work):
+    out = work / f"peer-{random.random():.6f}.json"
+    command = [sys.executable, "-m", "benchmarks.keras_hub_loop", "--vocab", str(vocab),
+               "--batch_tokens", str(settings["batch_tokens"]),
+               "--max_length", str(settings["max_length"]),
+               "--warmup_steps", str(settings["warmup_steps"]),
+               "--lr_scale", str(settings["lr_scale"]), "--precision", args.precision,
+               "--minutes", str(args.minutes), "--eval_sentences", str(args.eval_sentences),
+               "--out", str(out)]
+    if files:
+        command += ["--train_files", str(files["train"]), "--test_files", str(files["test"])]
+    print("$", " ".join(command[1:]), flush=True)
+    env = dict(os.environ)
+    if not args.peer_bfc:  # what a keras-hub user runs: TensorFlow's default CPU allocator
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = "false"
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise RuntimeError(f"the keras-hub loop failed:\n{result.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def markdown(report):
+    h = report["hardware"]
+    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul "
+             f"peak {h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+             f"corpus {report['corpus']}, {report['precision']}, {report['minutes']:g} minutes "
+             f"each, batch budget {report['settings']['batch_tokens']} tokens"
+             + (f"; ours with {report['ours_args']}" if report["ours_args"] else ""),
+             "",
+             "| run | real target tokens/s | steps | real-token share of the budget "
+             "| final training loss | greedy BLEU |",
+             "|---|---|---|---|---|---|"]
+    for kind, runs in (("ours (python -m trainers.wmt)", report["ours"]),
+                       ("plain keras-hub loop", report["peer"])):
+        for r in runs:
+            lines.append(f"| {kind} | {r['target_tokens_per_s']:,.0f} | {r['steps']} "
+                         f"| {100 * r['real_token_share']:.1f}% | {r['final_loss']:.3f} "
+                         f"| {r['greedy_bleu']:.2f} |")
+    lines += ["", f"ours/peer, median tokens/s: **{report['ratio']:.2f}x**"]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="sample")
+    parser.add_argument("--train_files", default=None, help="a TSV to use instead of --corpus")
+    parser.add_argument("--test_files", default=None)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--xla", action="store_true", help="ours with --jit_compile")
+    parser.add_argument("--eval_sentences", type=int, default=500)
+    parser.add_argument("--ours_args", default="",
+                        help="more trainer flags for ours, e.g. '--batching packed'")
+    parser.add_argument("--peer_bfc", action="store_true",
+                        help="give the keras-hub loop the BFC allocator too")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    settings = dict(CORPORA[args.corpus])
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kt-end-to-end-"))
+    files = None
+    if args.train_files:
+        files = {"train": args.train_files, "test": args.test_files}
+    elif args.corpus == "natural":
+        files = natural_corpus(work)
+    common = ["--vocab_size", str(settings["vocab_size"]),
+              "--batch_tokens", str(settings["batch_tokens"]),
+              "--max_train_length", str(settings["max_length"]),
+              "--max_length", str(max(settings["max_length"], 256)),
+              "--warmup_steps", str(settings["warmup_steps"]),
+              "--lr_scale", str(settings["lr_scale"])]
+    if files:
+        corpus_args = ["--dataset", "files", "--train_files", str(files["train"]),
+                       "--test_files", str(files["test"]), *common]
+    else:
+        corpus_args = ["--dataset", "sample", *common]
+    report = {"corpus": args.train_files or args.corpus, "precision": args.precision,
+              "ours_args": args.ours_args,
+              "minutes": args.minutes, "settings": settings, "hardware": hardware(),
+              "ours": [], "peer": []}
+    vocab = prepare_vocabulary(corpus_args + ["--preset", "tiny"], work)
+    for _ in range(args.repeats):  # alternate, so drift hits both alike
+        report["ours"].append(run_ours(corpus_args, settings, args, work))
+        print("ours:", report["ours"][-1], flush=True)
+        report["peer"].append(run_peer(settings, vocab, files, args, work))
+        print("peer:", report["peer"][-1], flush=True)
+    report["ratio"] = (statistics.median(r["target_tokens_per_s"] for r in report["ours"])
+                       / max(statistics.median(r["target_tokens_per_s"] for r in report["peer"]), 1e-9))
+    from benchmarks import save
+
+    suffix = "_" + "_".join(args.ours_args.replace("--", "").split()) if args.ours_args else ""
+    save(args.out or f"benchmarks/results/end_to_end_{args.corpus}_{args.precision}{suffix}.json",
+         report, markdown(report))
+
+
+if __name__ == "__main__":
+    main()
