@@ -111,25 +111,30 @@ def test_bad_requests(loaded):
                     alpha=tf.constant(alpha), max_extra=tf.constant(5))
 
 
-def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(loaded, trained_dir):
+def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(trained_dir):
     """Issue 14: an over-long `source_ids` row is cut to max_input_length pieces ending in
     EOS, exactly as the string signatures cut text; an all-padding row gives an empty
-    sequence and score 0, like a blank string."""
+    sequence and score 0, like a blank string. (The exported functions, in process, with a
+    short max_input_length so the search stays small.)"""
+    from export.saved_model import TranslationModule
     from trainers import artifacts
 
-    tokenizer = artifacts.load_tokenizer(trained_dir)
-    config, _ = artifacts.read_run_config(trained_dir)
-    max_input = config.max_length - MAX_EXTRA
-    text = " ".join(["The dog sleeps."] * 400)
+    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    module = TranslationModule(model, pathlib.Path(trained_dir) / "vocab.model",
+                               max_extra=MAX_EXTRA, max_input_length=6)
+    text = "A teacher knows that a child sees a ball."
     pieces = tokenizer.tokenize([text]).to_list()[0]
-    assert len(pieces) > max_input
-    by_text = loaded.signatures["serving_default"](inputs=tf.constant([text]))
+    assert len(pieces) > 6
+    by_text = module.serving_default(tf.constant([text]))
     rows = tf.constant([pieces + [2], [0] * (len(pieces) + 1)], tf.int32)
-    by_ids = loaded.signatures["translate_ids"](source_ids=rows)
+    by_ids = module.translate_ids(rows)
     np.testing.assert_allclose(by_ids["scores"][0], by_text["scores"][0], rtol=1e-5)
     assert tokenizer.detokenize(by_ids["sequences"][:1]).numpy()[0] == \
         by_text["translations"].numpy()[0]
     assert by_ids["scores"][1] == 0.0 and not np.any(by_ids["sequences"][1])
+    cut_by_hand = tf.constant([pieces[:5] + [2]], tf.int32)
+    np.testing.assert_allclose(module.translate_ids(cut_by_hand)["scores"][0],
+                               by_text["scores"][0], rtol=1e-5)
 
 
 def test_options_signature_and_ids_signature_agree(loaded, trained_dir):

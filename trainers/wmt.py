@@ -22,8 +22,8 @@ DATASET_DEFAULTS = {
     # slowly there, so it trains on batches of mixed lengths (see keras_transformer/data/pipeline.py).
     "sample": dict(preset="tiny", vocab_size=2000, batch_tokens=2048, max_train_length=64,
                    batching="mixed",
-                   train_steps=240, warmup_steps=160, lr_scale=0.5, steps_per_epoch=80,
-                   checkpoint_every_steps=40, average_last=2, eval_splits="test"),
+                   train_steps=300, warmup_steps=200, lr_scale=0.5, steps_per_epoch=100,
+                   checkpoint_every_steps=100, average_last=2, eval_splits="test"),
     # §5: 25,000 source and 25,000 target tokens per batch, sequences up to 256 pieces.
     "wmt14": dict(preset="base", vocab_size=37000, batch_tokens=25000, max_train_length=256,
                   batching="packed",
