@@ -183,6 +183,7 @@ def test_average_equals_numpy_mean(tmp_path):
     (["--strategy", "multi_worker"], "TF_CONFIG"),
     (["--train_steps", "7", "--steps_per_epoch", "5"], "multiple of"),
     (["--max_train_length", "2000"], "longer than the model's positions"),
+    (["--strategy", "multi_worker", "--train_minutes", "1"], "--train_minutes is not supported"),
     (["--strategy", "mirrored", "--steps_per_execution", "2", "--train_steps", "4",
       "--steps_per_epoch", "2"], "MirroredStrategy"),
 ])

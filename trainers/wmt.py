@@ -170,6 +170,9 @@ def resolve_settings(args):
         raise ConfigError(f"--steps_per_execution {spe} must be at least 1 and divide the "
                           f"batches of an epoch ({settings['steps_per_epoch']} x --grad_accum "
                           f"{settings['grad_accum']}).")
+    if settings["train_minutes"] is not None and settings["strategy"] == "multi_worker":
+        raise ConfigError("--train_minutes is not supported with --strategy multi_worker yet: "
+                          "each worker would stop at its own step. Use --train_steps.")
     if spe > 1 and settings["strategy"] in ("mirrored", "multi_worker"):
         raise ConfigError(f"--steps_per_execution {spe} needs --strategy default, one_device "
                           "or tpu: Keras crashes with it under MirroredStrategy on CPUs.")
