@@ -4,6 +4,10 @@
     python -m export.client --server localhost:8501 --model transformer "The dog sleeps."
     echo "The dog sleeps." | python -m export.client --server localhost:8500 --protocol grpc
     python -m export.client --server localhost:8501 --beam_size 8 --alpha 1.0 "..."
+    python -m export.client --server localhost:8501 --beam_size 4 --num_return 3 "..."
+
+With options the client asks `translate_with_options`, sending each option once per sentence
+(what a batching server can merge).
 """
 
 import argparse
@@ -12,7 +16,8 @@ import sys
 import urllib.error
 import urllib.request
 
-OPTIONS = ("beam_size", "alpha", "max_extra")
+OPTIONS = ("beam_size", "alpha", "max_extra", "num_return")
+DEFAULTS = {"beam_size": 4, "alpha": 0.6, "max_extra": 50, "num_return": 1}
 
 
 class ServingError(RuntimeError):
@@ -21,13 +26,23 @@ class ServingError(RuntimeError):
 
 def _inputs(texts, options):
     inputs = {"inputs": list(texts)}
-    if options:
-        inputs.update(options)
+    if options:  # the options signature takes them all, one value per sentence
+        rows = len(inputs["inputs"])
+        inputs.update({k: [v] * rows for k, v in {**DEFAULTS, **options}.items()})
     return inputs, "translate_with_options" if options else "serving_default"
 
 
+def _results(outputs, options):
+    """[(translation, score)], or with num_return > 1 a list of such n-best lists."""
+    if options and options.get("num_return", 1) > 1:
+        return [list(zip(t, s)) for t, s in zip(outputs["nbest_translations"],
+                                                 outputs["nbest_scores"])]
+    return list(zip(outputs["translations"], outputs["scores"]))
+
+
 def predict_rest(server, model, texts, options=None, version=None, timeout=60.0):
-    """[(translation, score)] from TF Serving's REST predict API (columnar format)."""
+    """[(translation, score)] from TF Serving's REST predict API (columnar format); with
+    options["num_return"] > 1, the n-best list of each sentence."""
     inputs, signature = _inputs(texts, options)
     path = f"/v1/models/{model}" + (f"/versions/{version}" if version else "") + ":predict"
     url = (server if "://" in server else f"http://{server}") + path
@@ -40,11 +55,11 @@ def predict_rest(server, model, texts, options=None, version=None, timeout=60.0)
         raise ServingError(f"{url}: HTTP {error.code}: {error.read().decode(errors='replace')}")
     except (urllib.error.URLError, OSError) as error:
         raise ServingError(f"{url}: {error}") from error
-    return list(zip(outputs["translations"], outputs["scores"]))
+    return _results(outputs, options)
 
 
 def predict_grpc(server, model, texts, options=None, version=None, timeout=60.0):
-    """[(translation, score)] from TF Serving's gRPC PredictionService."""
+    """Like `predict_rest`, through TF Serving's gRPC PredictionService."""
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -55,7 +70,8 @@ def predict_grpc(server, model, texts, options=None, version=None, timeout=60.0)
     if version:
         request.model_spec.version.value = version
     for key, value in inputs.items():
-        dtype = {"beam_size": tf.int32, "max_extra": tf.int32, "alpha": tf.float32}.get(key)
+        dtype = {"beam_size": tf.int32, "max_extra": tf.int32, "alpha": tf.float32,
+                 "num_return": tf.int32}.get(key)
         request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
     with grpc.insecure_channel(server) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -63,9 +79,15 @@ def predict_grpc(server, model, texts, options=None, version=None, timeout=60.0)
             response = stub.Predict(request, timeout=timeout)
         except grpc.RpcError as error:
             raise ServingError(f"{server}: {error.code().name}: {error.details()}") from error
-    translations = [t.decode("utf-8") for t in tf.make_ndarray(response.outputs["translations"])]
-    scores = tf.make_ndarray(response.outputs["scores"]).tolist()
-    return list(zip(translations, scores))
+    outputs = {key: tf.make_ndarray(value).tolist() for key, value in response.outputs.items()}
+    outputs = {key: _decoded(value) for key, value in outputs.items()}
+    return _results(outputs, options)
+
+
+def _decoded(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return [_decoded(v) for v in value] if isinstance(value, list) else value
 
 
 def main(argv=None):
@@ -78,12 +100,12 @@ def main(argv=None):
     parser.add_argument("--beam_size", type=int, default=None)
     parser.add_argument("--alpha", type=float, default=None)
     parser.add_argument("--max_extra", type=int, default=None)
+    parser.add_argument("--num_return", type=int, default=None,
+                        help="print the n best translations of each sentence")
     parser.add_argument("--scores", action="store_true", help="print the score before each line")
     parser.add_argument("sentences", nargs="*", help="default: one per line on stdin")
     args = parser.parse_args(argv)
     options = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
-    if options:  # the options signature takes all three
-        options = {"beam_size": 4, "alpha": 0.6, "max_extra": 50, **options}
     texts = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     predict = predict_rest if args.protocol == "rest" else predict_grpc
     try:
@@ -91,8 +113,9 @@ def main(argv=None):
     except ServingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    for translation, score in results:
-        print(f"{score:.4f}\t{translation}" if args.scores else translation)
+    for result in results:
+        for translation, score in result if isinstance(result, list) else [result]:
+            print(f"{score:.4f}\t{translation}" if args.scores else translation)
     return 0
 
 

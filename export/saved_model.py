@@ -8,18 +8,28 @@ TF Serving watches, with the vocabulary in assets/ and warm-up requests in asset
 Signatures:
 
     serving_default         inputs: string [N]            -> translations: string [N], scores: float [N]
-    translate_with_options  inputs, beam_size: int32 [] (1..max_beam_size), alpha: float32 []
-                            (>= 0), max_extra: int32 [] (>= 0)
-                                                          -> translations, scores
-    translate_ids           source_ids: int32 [N, S] (EOS-terminated, 0-padded)
+    translate_with_options  inputs: string [N], and per row ([N]) or for all (a scalar):
+                            beam_size: int32 (1..max_beam_size), alpha: float32 (>= 0),
+                            max_extra: int32 (>= 0), num_return: int32 (1..beam_size)
+                                                          -> translations [N], scores [N] (the best),
+                                                             nbest_translations [N, K], nbest_scores
+                                                             [N, K] (K = the largest num_return)
+    translate_ids           source_ids: int32 [N, S] (EOS-terminated, padded with config.pad_id)
                                                           -> sequences: int32 [N, L], scores: float [N]
 
 Requests: an empty (or blank) string gives an empty translation and score 0; an input longer
 than `max_input_length` pieces (default config.max_length - max_extra) is cut to its first
 pieces (and still ends with EOS, in `translate_ids` too; there an all-padding row gives an
 empty sequence and score 0); invalid UTF-8 bytes are replaced by U+FFFD; an empty batch gives
-an empty result; a beam_size outside 1..max_beam_size (default 16), a negative or NaN alpha
-and a negative max_extra are refused with InvalidArgumentError naming the option.
+an empty result; a beam_size outside 1..max_beam_size (default 16), a negative or NaN alpha,
+a negative max_extra and a num_return outside 1..beam_size are refused with
+InvalidArgumentError naming the option. n-best columns beyond a row's num_return are empty
+strings with score 0.
+
+Batching (TF Serving's `--enable_batching`) merges requests by concatenating every input along
+its first dimension, so it cannot merge scalars: under batching send the options one per row
+(`[N]`), as the warm-up requests do; rows with different options are searched group by group.
+`export/batching_parameters.txt` is a starting point for `--batching_parameters_file`.
 Loading needs `import tensorflow_text` first (stock TF Serving links its ops).
 """
 
@@ -29,6 +39,7 @@ import pathlib
 import shutil
 import sys
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -38,6 +49,7 @@ from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
 logger = logging.getLogger(__name__)
 
 SIGNATURE_NAMES = ("serving_default", "translate_with_options", "translate_ids")
+OPTIONS = ("beam_size", "alpha", "max_extra", "num_return")
 WARMUP_FILE = "tf_serving_warmup_requests"
 
 
@@ -55,28 +67,69 @@ class TranslationModule(tf.Module):
         proto = pathlib.Path(vocab_path).read_bytes()
         self.sentencepiece = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
         self._tokenizer = Tokenizer(proto, self.sentencepiece)
+        self._tokenizer.check_padding(model.config)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.max_input_length = max_input_length or model.config.max_length - max_extra
         self.max_beam_size = max_beam_size
 
     def encode(self, texts):
-        """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, 0-padded."""
+        """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, padded."""
         texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
         pieces = self._tokenizer.tokenize(texts)[:, :self.max_input_length - 1]
         eos = tf.fill([tf.shape(texts)[0], 1], EOS_ID)
-        return tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1).to_tensor()
+        pieces = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
+        return pieces.to_tensor(default_value=self.model.config.pad_id)
 
-    def search(self, source_ids, beam_size, alpha, max_extra):
+    def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
+        """[N, S] ids -> the `num_return` best hypotheses: ids [N, num_return, L], scores."""
         result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
                              beam_size=beam_size, alpha=alpha, max_extra=max_extra)
-        return result["sequences"][:, 0], result["scores"][:, 0]
+        return result["sequences"][:, :num_return], result["scores"][:, :num_return]
+
+    def detokenize(self, sequences):
+        """ids [N, K, L] -> strings [N, K]."""
+        shape = tf.shape(sequences)
+        flat = tf.reshape(sequences, [shape[0] * shape[1], shape[2]])
+        return tf.reshape(self._tokenizer.detokenize(flat), shape[:2])
 
     def translate(self, texts, beam_size, alpha, max_extra):
         sequences, scores = self.search(self.encode(texts), beam_size, alpha, max_extra)
-        translations = self._tokenizer.detokenize(sequences)
+        translations = self.detokenize(sequences)[:, 0]
         blank = tf.equal(tf.strings.strip(texts), "")
         return {"translations": tf.where(blank, "", translations),
-                "scores": tf.where(blank, 0.0, scores)}
+                "scores": tf.where(blank, 0.0, scores[:, 0])}
+
+    def translate_per_row(self, texts, options):
+        """Rows that share their options ([N] each: beam_size, alpha, max_extra, num_return)
+        are searched together, one group after the other; the n-best columns beyond a row's
+        num_return are empty strings with score 0."""
+        source_ids = self.encode(texts)
+        rows = tf.shape(texts)[0]
+        width = tf.reduce_max(tf.concat([options["num_return"], [1]], 0))
+        keys = tf.stack([tf.cast(options[name], tf.float64) for name in OPTIONS], axis=1)
+        groups, group_of_row = tf.raw_ops.UniqueV2(x=keys, axis=tf.constant([0], tf.int64))
+
+        def search_group(g, translations, scores):
+            members = tf.where(tf.equal(group_of_row, g))[:, 0]
+            beam_size, alpha, max_extra, num_return = tf.unstack(groups[g], num=len(OPTIONS))
+            sequences, best = self.search(
+                tf.gather(source_ids, members), tf.cast(beam_size, tf.int32),
+                tf.cast(alpha, tf.float32), tf.cast(max_extra, tf.int32),
+                tf.cast(num_return, tf.int32))
+            padding = [[0, 0], [0, width - tf.shape(best)[1]]]
+            text = tf.concat([self.detokenize(sequences),
+                              tf.fill([tf.shape(members)[0], padding[1][1]], "")], axis=1)
+            translations = tf.tensor_scatter_nd_update(translations, members[:, None], text)
+            scores = tf.tensor_scatter_nd_update(scores, members[:, None], tf.pad(best, padding))
+            return g + 1, translations, scores
+
+        _, translations, scores = tf.while_loop(
+            lambda g, *_: g < tf.shape(groups)[0], search_group,
+            (tf.constant(0), tf.fill([rows, width], ""), tf.zeros([rows, width])))
+        blank = tf.equal(tf.strings.strip(texts), "")[:, None]
+        translations, scores = tf.where(blank, "", translations), tf.where(blank, 0.0, scores)
+        return {"translations": translations[:, 0], "scores": scores[:, 0],
+                "nbest_translations": translations, "nbest_scores": scores}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
     def serving_default(self, inputs):
@@ -84,11 +137,23 @@ class TranslationModule(tf.Module):
 
     @tf.function(input_signature=[
         tf.TensorSpec([None], tf.string, name="inputs"),
-        tf.TensorSpec([], tf.int32, name="beam_size"),
-        tf.TensorSpec([], tf.float32, name="alpha"),
-        tf.TensorSpec([], tf.int32, name="max_extra"),
+        tf.TensorSpec(None, tf.int32, name="beam_size"),
+        tf.TensorSpec(None, tf.float32, name="alpha"),
+        tf.TensorSpec(None, tf.int32, name="max_extra"),
+        tf.TensorSpec(None, tf.int32, name="num_return"),
     ])
-    def translate_with_options(self, inputs, beam_size, alpha, max_extra):
+    def translate_with_options(self, inputs, beam_size, alpha, max_extra, num_return):
+        rows = tf.shape(inputs)[0]
+        options = dict(beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+                       num_return=num_return)
+        for name, value in options.items():
+            value = tf.reshape(value, [-1])
+            shape_check = tf.debugging.assert_equal(
+                (tf.size(value) == 1) | (tf.size(value) == rows), True,
+                message=f"{name} must be one value, or one value per input")
+            with tf.control_dependencies([shape_check]):
+                options[name] = tf.broadcast_to(value, [rows])
+        beam_size, alpha = options["beam_size"], options["alpha"]
         checks = [
             tf.debugging.assert_positive(beam_size, message="beam_size must be >= 1"),
             tf.debugging.assert_less_equal(
@@ -96,11 +161,16 @@ class TranslationModule(tf.Module):
                 message=f"beam_size must be <= {self.max_beam_size} (--max_beam_size at export)"),
             # NaN >= 0 is false too: a NaN alpha is refused with the negative ones.
             tf.debugging.assert_greater_equal(alpha, 0.0, message="alpha must be a number >= 0"),
-            tf.debugging.assert_non_negative(max_extra, message="max_extra must be >= 0")]
+            tf.debugging.assert_non_negative(options["max_extra"],
+                                             message="max_extra must be >= 0"),
+            tf.debugging.assert_positive(options["num_return"],
+                                         message="num_return must be >= 1"),
+            tf.debugging.assert_less_equal(options["num_return"], beam_size,
+                                           message="num_return must be <= beam_size")]
         with tf.control_dependencies(checks):
-            beam_size = tf.identity(beam_size)
-            max_extra = tf.minimum(max_extra, self.model.config.max_length - 1)
-        return self.translate(inputs, beam_size, alpha, max_extra)
+            options = {name: tf.identity(value) for name, value in options.items()}
+        options["max_extra"] = tf.minimum(options["max_extra"], self.model.config.max_length - 1)
+        return self.translate_per_row(inputs, options)
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
     def translate_ids(self, source_ids):
@@ -113,13 +183,20 @@ class TranslationModule(tf.Module):
         cut = tf.where((lengths > self.max_input_length)[:, None] & last[None], EOS_ID, cut)
         sequences, scores = self.search(cut, self.beam_size, self.alpha, self.max_extra)
         empty = tf.equal(lengths, 0)
-        return {"sequences": tf.where(empty[:, None], pad, sequences),
-                "scores": tf.where(empty, 0.0, scores)}
+        return {"sequences": tf.where(empty[:, None], pad, sequences[:, 0]),
+                "scores": tf.where(empty, 0.0, scores[:, 0])}
 
 
 def next_version(export_dir):
     versions = [int(p.name) for p in pathlib.Path(export_dir).glob("*") if p.name.isdigit()]
     return max(versions, default=0) + 1
+
+
+def per_row(rows, **options):
+    """Each option as one value per row, typed as `translate_with_options` takes it."""
+    dtypes = {"beam_size": "int32", "alpha": "float32", "max_extra": "int32",
+              "num_return": "int32"}
+    return {name: np.full([rows], value, dtypes[name]) for name, value in options.items()}
 
 
 def write_warmup_requests(version_dir, model_name, examples):
@@ -137,8 +214,9 @@ def write_warmup_requests(version_dir, model_name, examples):
 
     records = [
         request("serving_default", {"inputs": examples}),
-        request("translate_with_options", {"inputs": examples, "beam_size": 2,
-                                           "alpha": 0.6, "max_extra": 10}),
+        request("translate_with_options", {  # one value per row: batching merges these
+            "inputs": examples, **per_row(len(examples), beam_size=2, alpha=0.6, max_extra=10,
+                                          num_return=2)}),
         request("translate_ids", {"source_ids": [[BOS_ID + 10, EOS_ID]]}),
     ]
     path = pathlib.Path(version_dir) / "assets.extra" / WARMUP_FILE

@@ -7,8 +7,9 @@ single `tf.while_loop` with static shapes: they trace under `tf.function`, compi
 `tf.function` kept on the model (one per setting), so only the first call traces.
 
 Outputs hold the generated tokens without BOS, ending with EOS when one was produced, then
-padding (0). A hypothesis ends at EOS or at its source's limit, `source_length + max_extra`
-(capped by the cache length `source_ids.shape[1] + max_extra` and by `config.max_length`).
+padding (`config.pad_id`). A hypothesis ends at EOS or at its source's limit,
+`source_length + max_extra` (capped by the cache length `source_ids.shape[1] + max_extra` and
+by `config.max_length`).
 """
 
 import tensorflow as tf
@@ -158,7 +159,8 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
         return (i < max_steps) & ~tf.reduce_all(finished)
 
     attention = tf.zeros([batch, max_steps, source_width if return_attention else 0])
-    state = (tf.constant(0), tf.fill([batch], bos_id), tf.zeros([batch, max_steps], tf.int32),
+    empty_seq = tf.fill([batch, max_steps], model.config.pad_id)
+    state = (tf.constant(0), tf.fill([batch], bos_id), empty_seq,
              tf.zeros([batch]), tf.zeros([batch], tf.bool), attention, cache)
     _, _, sequences, scores, _, attention, _ = tf.while_loop(cond, body, state)
     result = {"sequences": sequences, "scores": scores}
@@ -255,7 +257,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
         return (i < max_steps) & ~tf.reduce_all(state[-2])
 
     first_beam_only = tf.tile(tf.concat([[0.0], tf.fill([k - 1], DEAD)], 0)[None], [batch, 1])
-    empty_seq = tf.zeros([batch, k, max_steps], tf.int32)
+    empty_seq = tf.fill([batch, k, max_steps], model.config.pad_id)
     empty_attention = tf.zeros([batch, k, max_steps, attention_width])
     state = (tf.constant(0), tf.fill([batch * k], bos_id), empty_seq, first_beam_only,
              empty_attention, empty_seq, tf.fill([batch, k], DEAD), empty_attention,

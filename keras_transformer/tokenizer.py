@@ -16,6 +16,8 @@ import re
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -92,6 +94,14 @@ class Tokenizer:
         before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
         keep = before_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
         return self._ops().detokenize(tf.ragged.boolean_mask(ids, keep))
+
+    def check_padding(self, config):
+        """Raises ConfigError unless `config.pad_id` is this vocabulary's pad id: the model's
+        padding masks and the decoders' output padding must be the padding the tokenizer
+        drops."""
+        if config.pad_id != self.pad_id:
+            raise ConfigError(f"config.pad_id={config.pad_id} differs from the vocabulary's pad "
+                              f"id {self.pad_id}: set pad_id={self.pad_id} in the model config.")
 
     def id_to_piece(self, ids):
         return self._ops().id_to_string(ids)

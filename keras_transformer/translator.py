@@ -18,6 +18,7 @@ class Translator:
 
     def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra=50,
                  batch_size=32, max_input_length=None, jit_compile=False):
+        tokenizer.check_padding(model.config)
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.batch_size, self.jit_compile = batch_size, jit_compile
@@ -44,13 +45,13 @@ class Translator:
         return [row[:keep] + [self.tokenizer.eos_id] for row in ids]
 
     def translate_ids(self, sources):
-        """Best output ids (padded with 0) for a list of source id lists, in order."""
+        """Best output ids (padded with config.pad_id) for a list of source id lists, in order."""
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         outputs = [None] * len(sources)
         for start in range(0, len(order), self.batch_size):
             chosen = order[start:start + self.batch_size]
             width = -(-max(len(sources[i]) for i in chosen) // 8) * 8
-            batch = np.zeros((len(chosen), width), np.int32)
+            batch = np.full((len(chosen), width), self.model.config.pad_id, np.int32)
             for row, i in enumerate(chosen):
                 batch[row, :len(sources[i])] = sources[i]
             decoded = self._decode(tf.constant(batch)).numpy()

@@ -7,6 +7,7 @@ only `tensorflow` and `tensorflow_text` (never this project).
 import json
 import sys
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops, as TF Serving links them)
 from tensorflow.core.protobuf import saved_model_pb2
@@ -35,8 +36,20 @@ def run_warmup(loaded, version_dir):
         inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
         outputs = loaded.signatures[request.model_spec.signature_name](
             **{k: tf.constant(v) for k, v in inputs.items()})
-        results.append([request.model_spec.signature_name, sorted(outputs)])
+        merged = merged_like_the_batcher(loaded, request.model_spec.signature_name, inputs)
+        results.append([request.model_spec.signature_name, sorted(outputs), merged])
     return results
+
+
+def merged_like_the_batcher(loaded, signature, inputs):
+    """TF Serving's batching concatenates requests along the first dimension of every input:
+    two copies of a request, merged so, must give twice its rows (a scalar cannot merge)."""
+    try:
+        merged = {k: tf.constant(np.concatenate([v, v])) for k, v in inputs.items()}
+    except ValueError as error:
+        return f"cannot merge: {error}"
+    outputs = loaded.signatures[signature](**merged)
+    return {k: int(v.shape[0]) for k, v in outputs.items()}
 
 
 def main():

@@ -361,3 +361,20 @@ def test_tokenizer_survives_a_global_seed_reset(tokenizer):
     assert tokenizer.tokenize(["Der Hund schläft."]).to_list() == before
     dataset = tf.data.Dataset.from_tensor_slices(["Der Hund schläft."]).map(tokenizer.tokenize)
     assert [row.tolist() for row in dataset.as_numpy_iterator()] == before
+
+
+def test_batches_are_padded_with_the_pad_id_given(tokenizer):
+    """Issue 14, item 5: `make_dataset(pad_id=7)` gives the batches that pad_id=0 gives,
+    with 7 wherever those hold padding, and no 0 anywhere."""
+    batches = {}
+    for pad_id in (0, 7):
+        dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                        batch_tokens=300, max_length=14, seed=3, pad_id=pad_id)
+        batches[pad_id] = list(dataset.take(4).as_numpy_iterator())
+    for (inputs0, labels0), (inputs7, labels7) in zip(batches[0], batches[7]):
+        for zero_padded, seven_padded in ((inputs0["source_ids"], inputs7["source_ids"]),
+                                          (inputs0["target_ids"], inputs7["target_ids"]),
+                                          (labels0, labels7)):
+            assert not np.any(seven_padded == 0)
+            np.testing.assert_array_equal(np.where(zero_padded == 0, 7, zero_padded),
+                                          seven_padded)

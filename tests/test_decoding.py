@@ -195,3 +195,41 @@ def test_cache_gives_the_same_result_as_recomputing_the_prefix(model, rng, searc
     np.testing.assert_array_equal(cached["sequences"], plain["sequences"])
     np.testing.assert_allclose(cached["scores"], plain["scores"], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(cached["attention"], plain["attention"], atol=1e-5)
+
+
+def test_a_pad_id_other_than_zero_is_honoured(rng, sample_tokenizer):
+    """Issue 14, item 5: with config.pad_id = 7 a batch padded with 7 decodes each row as that
+    row alone, unpadded (the masks read pad_id), and outputs are padded with 7, never 0; the
+    loss skips 7s (NumPy re-computation); a tokenizer whose pad id differs is refused."""
+    from test_losses import numpy_label_smoothing
+
+    from keras_transformer.config import ConfigError
+
+    tf.keras.utils.set_random_seed(5)
+    model = kt.Transformer(small_config(vocab_size=30, pad_id=7))
+    model.build()
+    source = random_ids(rng, 3, 6, 30, min_length=2)
+    source[source == 7] = 8
+    lengths = (source != 0).sum(1)
+    source[source == 0] = 7
+    for search in (lambda ids: greedy_search(model, ids, bos_id=BOS, eos_id=EOS, max_extra=3),
+                   lambda ids: {k: v[:, 0] for k, v in beam_search(
+                       model, ids, bos_id=BOS, eos_id=EOS, beam_size=3, max_extra=3).items()}):
+        batch = search(tf.constant(source))
+        assert not np.any(batch["sequences"].numpy() == 0)
+        for row, length in enumerate(lengths):
+            alone = search(tf.constant(source[row:row + 1, :length]))
+            sequence = batch["sequences"][row].numpy()
+            np.testing.assert_array_equal(sequence[:length + 3], alone["sequences"][0])
+            assert np.all(sequence[length + 3:] == 7)
+            np.testing.assert_allclose(batch["scores"][row], alone["scores"][0], rtol=1e-4)
+
+    labels = random_ids(rng, 4, 6, 11)
+    labels[labels == 0] = 7
+    logits = rng.normal(size=(4, 6, 11)) * 3
+    _, expected = numpy_label_smoothing(labels, logits, 0.1, pad_id=7)
+    loss = kt.LabelSmoothedCrossEntropy(0.1, pad_id=7)
+    np.testing.assert_allclose(loss(tf.constant(labels), tf.constant(logits, tf.float32)),
+                               expected, rtol=1e-5)
+    with pytest.raises(ConfigError, match="pad_id=7 differs from the vocabulary's pad id 0"):
+        kt.Translator(model, sample_tokenizer)

@@ -68,9 +68,11 @@ def test_fresh_process_serves_like_the_translator(trained_dir, export_dir):
     served = json.loads(result.stdout)
     assert not served["project_imported"]
     assert served["unregistered_ops"] == [] and served["op_count"] > 20
-    assert served["warmup"] == [["serving_default", ["scores", "translations"]],
-                                ["translate_with_options", ["scores", "translations"]],
-                                ["translate_ids", ["scores", "sequences"]]]
+    nbest = ["nbest_scores", "nbest_translations", "scores", "translations"]
+    assert served["warmup"] == [
+        ["serving_default", ["scores", "translations"], {"scores": 4, "translations": 4}],
+        ["translate_with_options", nbest, dict.fromkeys(nbest, 4)],
+        ["translate_ids", ["scores", "sequences"], {"scores": 2, "sequences": 2}]]
 
     model, tokenizer, _ = artifacts.load_trained(trained_dir)
     expected = Translator(model, tokenizer, max_extra=MAX_EXTRA).translate(INPUTS)
@@ -103,12 +105,15 @@ def test_bad_requests(loaded):
     assert translations[1] == b"" and len(translations) == 3
     assert np.all(np.isfinite(out["scores"].numpy()))
     options = loaded.signatures["translate_with_options"]
-    for beam, alpha, message in ((0, 0.6, "beam_size"), (17, 0.6, "beam_size must be <= 16"),
-                                 (1000, 0.6, "beam_size"), (4, -0.5, "alpha"),
-                                 (4, float("nan"), "alpha")):
+    for beam, alpha, num_return, message in (
+            (0, 0.6, 1, "beam_size"), (17, 0.6, 1, "beam_size must be <= 16"),
+            (1000, 0.6, 1, "beam_size"), (4, -0.5, 1, "alpha"), (4, float("nan"), 1, "alpha"),
+            (4, 0.6, 5, "num_return must be <= beam_size"), (4, 0.6, 0, "num_return"),
+            ([4, 4], 0.6, 1, "beam_size must be one value, or one value per input")):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-            options(inputs=tf.constant(["Hi."]), beam_size=tf.constant(beam),
-                    alpha=tf.constant(alpha), max_extra=tf.constant(5))
+            options(inputs=tf.constant(["Hi.", "Ho.", "Ha."]), beam_size=tf.constant(beam),
+                    alpha=tf.constant(alpha), max_extra=tf.constant(5),
+                    num_return=tf.constant(num_return))
 
 
 def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(trained_dir):
@@ -144,16 +149,97 @@ def test_options_signature_and_ids_signature_agree(loaded, trained_dir):
     default = loaded.signatures["serving_default"](inputs=texts)
     same = loaded.signatures["translate_with_options"](
         inputs=texts, beam_size=tf.constant(4), alpha=tf.constant(0.6),
-        max_extra=tf.constant(MAX_EXTRA))
+        max_extra=tf.constant(MAX_EXTRA), num_return=tf.constant(1))
     np.testing.assert_array_equal(default["translations"], same["translations"])
     np.testing.assert_allclose(default["scores"], same["scores"], rtol=1e-5)
     greedy = loaded.signatures["translate_with_options"](
-        inputs=texts, beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra=tf.constant(3))
+        inputs=texts, beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra=tf.constant(3),
+        num_return=tf.constant(1))
     assert greedy["translations"].shape == (4,)
     pieces = artifacts.load_tokenizer(trained_dir).tokenize(["Ich lache."]).to_list()[0]
     ids = loaded.signatures["translate_ids"](source_ids=tf.constant([pieces + [2]], tf.int32))
     assert ids["sequences"].shape[0] == 1
     np.testing.assert_allclose(ids["scores"], default["scores"][3:4], rtol=1e-5)
+
+
+def test_options_per_row_merge_like_separate_requests(trained_dir):
+    """Issue 14, items 10 and 11: TF Serving's batcher concatenates requests row-wise, so the
+    options come one value per row; a merged batch must answer each request as it would
+    alone (checked against `serving_default`, the module's other search path, and greedy
+    search), and the n-best lists hold num_return hypotheses, best first, padded with empty
+    strings up to the batch's largest num_return. (In process, with short inputs.)"""
+    from export.saved_model import TranslationModule
+    from keras_transformer.decoding import greedy_search
+    from trainers import artifacts
+
+    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    module = TranslationModule(model, pathlib.Path(trained_dir) / "vocab.model",
+                               max_extra=MAX_EXTRA, max_input_length=8)
+    first, second = INPUTS[:3], INPUTS[3:5]
+    alone = module.translate_with_options(tf.constant(first), 4, 0.6, MAX_EXTRA, 3)
+    merged = module.translate_with_options(
+        tf.constant(first + second), [4, 4, 4, 1, 1], [0.6, 0.6, 0.6, 0.0, 0.0],
+        [MAX_EXTRA] * 3 + [3, 3], [3, 3, 3, 1, 1])
+    by_default = module.serving_default(tf.constant(first))
+    np.testing.assert_array_equal(merged["translations"][:3], by_default["translations"])
+    np.testing.assert_allclose(merged["scores"][:3], by_default["scores"], rtol=1e-5)
+    np.testing.assert_array_equal(merged["nbest_translations"][:3], alone["nbest_translations"])
+    np.testing.assert_allclose(merged["nbest_scores"][:3], alone["nbest_scores"], rtol=1e-5)
+    assert merged["nbest_translations"].shape == (5, 3)
+    scores = merged["nbest_scores"].numpy()
+    assert np.all(np.diff(scores[[0, 2]], axis=1) <= 1e-6)  # best first (row 1 is blank)
+    assert len(set(merged["nbest_translations"].numpy()[0])) == 3
+    assert list(merged["nbest_translations"].numpy()[3, 1:]) == [b"", b""]
+    assert np.all(scores[3:, 1:] == 0.0) and np.all(scores[1] == 0.0)
+
+    source = module.encode(tf.constant(second))
+    greedy = greedy_search(model, source, bos_id=1, eos_id=2, max_extra=3)
+    np.testing.assert_array_equal(merged["translations"][3:],
+                                  tokenizer.detokenize(greedy["sequences"]))
+
+
+def test_batching_parameters_parse_as_tf_serving_reads_them():
+    """export/batching_parameters.txt against the BatchingParameters message of TF Serving's
+    session_bundle_config.proto (rebuilt here: the pip packages do not ship it), and the
+    rules the server checks: allowed sizes increasing, the last one max_batch_size."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+    from google.protobuf import wrappers_pb2  # noqa: F401  (registers the wrapper types)
+
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="batching_check.proto", package="check", syntax="proto3",
+        dependency=["google/protobuf/wrappers.proto"])
+    message = proto.message_type.add(name="BatchingParameters")
+    field = descriptor_pb2.FieldDescriptorProto
+    for number, (name, kind) in enumerate([
+            ("max_batch_size", ".google.protobuf.Int64Value"),
+            ("batch_timeout_micros", ".google.protobuf.Int64Value"),
+            ("max_enqueued_batches", ".google.protobuf.Int64Value"),
+            ("num_batch_threads", ".google.protobuf.Int64Value"),
+            ("thread_pool_name", ".google.protobuf.StringValue"),
+            ("allowed_batch_sizes", None), ("pad_variable_length_inputs", None)], start=1):
+        if kind:
+            message.field.add(name=name, number=number, type=field.TYPE_MESSAGE,
+                              type_name=kind, label=field.LABEL_OPTIONAL)
+        elif name == "allowed_batch_sizes":
+            message.field.add(name=name, number=number, type=field.TYPE_INT64,
+                              label=field.LABEL_REPEATED)
+        else:
+            message.field.add(name=name, number=number, type=field.TYPE_BOOL,
+                              label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.Default()
+    pool.Add(proto)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("check.BatchingParameters"))
+    text = (ROOT / "export" / "batching_parameters.txt").read_text()
+    params = text_format.Parse(text, cls())
+    sizes = list(params.allowed_batch_sizes)
+    assert sizes == sorted(set(sizes)) and sizes[-1] == params.max_batch_size.value
+    assert params.num_batch_threads.value >= 1 and not params.pad_variable_length_inputs
+
+
+def decoded(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    return [decoded(v) for v in value] if isinstance(value, list) else value
 
 
 class FakeServing:
@@ -179,9 +265,8 @@ class FakeServing:
                 assert self.path == "/v1/models/transformer:predict", self.path
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outputs = serving.predict(body["signature_name"], body["inputs"])
-                reply = {"outputs": {"translations": [t.decode() for t in
-                                                      outputs["translations"].numpy()],
-                                     "scores": outputs["scores"].numpy().tolist()}}
+                reply = {"outputs": {key: decoded(value.numpy().tolist())
+                                     for key, value in outputs.items()}}
                 data = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
@@ -234,11 +319,22 @@ def test_client_rest_and_grpc(loaded):
         with_options = client.predict_rest(f"127.0.0.1:{rest.server_port}", "transformer",
                                            INPUTS[:3], {"beam_size": 4, "alpha": 0.6,
                                                         "max_extra": MAX_EXTRA})
+        nbest = {protocol: predict(address, "transformer", INPUTS[:3],
+                                   {"max_extra": MAX_EXTRA, "num_return": 3})
+                 for protocol, predict, address in (
+                     ("rest", client.predict_rest, f"127.0.0.1:{rest.server_port}"),
+                     ("grpc", client.predict_grpc, f"127.0.0.1:{port}"))}
     finally:
         rest.shutdown()
         grpc_server.stop(0)
     assert [t for t, _ in over_rest] == expected
     assert [t for t, _ in over_grpc] == expected
     assert [t for t, _ in with_options] == expected
+    for rest_hypotheses, grpc_hypotheses in zip(nbest["rest"], nbest["grpc"]):
+        assert [t for t, _ in rest_hypotheses] == [t for t, _ in grpc_hypotheses]
+        np.testing.assert_allclose([s for _, s in rest_hypotheses],
+                                   [s for _, s in grpc_hypotheses], rtol=1e-5)
+    assert [hypotheses[0][0] for hypotheses in nbest["grpc"]] == expected
+    assert all(len(hypotheses) == 3 for hypotheses in nbest["grpc"])
     with pytest.raises(client.ServingError):
         client.predict_rest("127.0.0.1:9", "transformer", ["x"], timeout=5)
