@@ -9,6 +9,12 @@ from keras_transformer.dropout import Dropout
 MASKED_SCORE = -1e9
 
 
+def same_segment(query_segments, key_segments):
+    """[B, T_q, T_k] bool: True where query and key belong to the same sentence of a row
+    that holds several (segment ids [B, T_q] and [B, T_k])."""
+    return tf.equal(query_segments[:, :, None], key_segments[:, None, :])
+
+
 def scaled_dot_product_attention(query, key, value, mask=None, dropout=None):
     """`softmax(Q K^T / sqrt(d_k)) V` (§3.2.1, equation 1).
 

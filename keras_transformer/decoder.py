@@ -4,7 +4,7 @@ attention and feed-forward, with the cache that makes decoding one position per 
 import keras
 import tensorflow as tf
 
-from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.attention import MultiHeadAttention, same_segment
 from keras_transformer.dropout import Dropout
 from keras_transformer.feed_forward import FeedForward, residual
 from keras_transformer.stack import LayerStack, layer_norm
@@ -124,6 +124,9 @@ class Decoder(LayerStack):
         padding_mask [B, T] and memory_mask [B, S], bool, True for real tokens.
         For incremental decoding: `cache`, a list with one DecoderLayer cache per layer, and
         `cache_index`, the position of the first of the T new steps.
+        For rows of several sentences (as in `Encoder`): segment_ids [B, T],
+        memory_segment_ids [B, S] and positions [B, T]; a target token then attends to its
+        own sentence's earlier tokens and to its own source sentence.
     Returns:
         [B, T, d_model]; then the new caches if given; then, with `return_attention_scores`,
         a list of per-layer {"self", "cross"} weights.
@@ -148,18 +151,23 @@ class Decoder(LayerStack):
         return caches
 
     def call(self, embeddings, memory, padding_mask=None, memory_mask=None, cache=None,
-             cache_index=None, return_attention_scores=False, training=None):
+             cache_index=None, return_attention_scores=False, training=None, segment_ids=None,
+             memory_segment_ids=None, positions=None):
         length = tf.shape(embeddings)[1]
         start = 0 if cache_index is None else cache_index
-        x = embeddings + self.positions(embeddings, start_index=start)
+        x = embeddings + self.positions(embeddings, start_index=start, positions=positions)
         x = self.dropout(x, training=training)
         if cache is None:
             self_mask = causal_mask(length, length)[None]
             if padding_mask is not None:
                 self_mask = self_mask & padding_mask[:, None, :]
+            if segment_ids is not None:
+                self_mask = self_mask & same_segment(segment_ids, segment_ids)
         else:
             self_mask = causal_mask(length, tf.shape(cache[0]["key"])[2], cache_index)[None]
         memory_mask = None if memory_mask is None else memory_mask[:, None, :]
+        if segment_ids is not None:
+            memory_mask = memory_mask & same_segment(segment_ids, memory_segment_ids)
         new_caches, weights = [], []
         for i, layer in enumerate(self.layers):
             out = layer(x, memory, self_mask, memory_mask,

@@ -24,15 +24,22 @@ class PositionalEncoding(keras.layers.Layer):
     """The fixed sinusoidal positional encoding of §3.5, interleaved.
 
     Call: inputs [B, T, d_model] (only the shape is used), `start_index` the position of the
-    first step (decoding one token at a time passes the current step).
-    Returns: the encodings [1, T, d_model] in the layer's compute dtype, to add to inputs.
+    first step (decoding one token at a time passes the current step), or `positions` [B, T]
+    int, each token's own position (rows that hold several sentences restart at 0).
+    Returns: the encodings [1, T, d_model] ([B, T, d_model] with `positions`) in the layer's
+    compute dtype, to add to inputs.
     """
 
     def __init__(self, max_wavelength=10000.0, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
+        if positions is not None:
+            table = sinusoid_table(tf.reshape(positions, [-1]), inputs.shape[-1],
+                                   self.max_wavelength)
+            shape = tf.concat([tf.shape(positions), [inputs.shape[-1]]], 0)
+            return tf.cast(tf.reshape(table, shape), self.compute_dtype)
         length = tf.shape(inputs)[1]
         positions = tf.range(length) + tf.cast(start_index, tf.int32)
         table = sinusoid_table(positions, inputs.shape[-1], self.max_wavelength)
@@ -49,7 +56,8 @@ class PositionalEncoding(keras.layers.Layer):
 class LearnedPositionEmbedding(keras.layers.Layer):
     """Learned position embeddings, Table 3 row E (the paper's alternative to §3.5).
 
-    Call: inputs [B, T, d_model], `start_index`. Returns: [1, T, d_model].
+    Call: inputs [B, T, d_model], `start_index` or `positions` [B, T], as `PositionalEncoding`.
+    Returns: [1, T, d_model] ([B, T, d_model] with `positions`).
     """
 
     def __init__(self, max_length, **kwargs):
@@ -62,11 +70,12 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             initializer=keras.initializers.RandomNormal(stddev=input_shape[-1] ** -0.5),
         )
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
+        table = tf.cast(self.position_embeddings, self.compute_dtype)
+        if positions is not None:
+            return tf.gather(table, positions)
         length = tf.shape(inputs)[1]
-        positions = tf.range(length) + tf.cast(start_index, tf.int32)
-        table = tf.gather(tf.cast(self.position_embeddings, self.compute_dtype), positions)
-        return table[None]
+        return tf.gather(table, tf.range(length) + tf.cast(start_index, tf.int32))[None]
 
     def compute_output_shape(self, input_shape):
         return (1,) + tuple(input_shape[1:])

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.attention import MultiHeadAttention, same_segment
 from keras_transformer.dropout import Dropout
 from keras_transformer.feed_forward import FeedForward, residual
 from keras_transformer.stack import LayerStack, layer_norm
@@ -13,7 +13,8 @@ class EncoderLayer(keras.layers.Layer):
     """One encoder layer (§3.1): multi-head self-attention, then the feed-forward network, each
     wrapped as LayerNorm(x + Dropout(Sublayer(x))) (or pre-LN with `norm_first`).
 
-    Call: x [B, S, d_model], padding_mask [B, S] bool (True for real tokens).
+    Call: x [B, S, d_model], padding_mask [B, S] bool (True for real tokens), or
+    attention_mask [B, S, S] bool (True where token i may attend to token j).
     Returns [B, S, d_model]; with `return_attention_scores`, also the weights [B, h, S, S].
     """
 
@@ -39,8 +40,11 @@ class EncoderLayer(keras.layers.Layer):
         self.attention_norm.build(input_shape)
         self.feed_forward_norm.build(input_shape)
 
-    def call(self, x, padding_mask=None, return_attention_scores=False, training=None):
-        mask = None if padding_mask is None else padding_mask[:, None, :]
+    def call(self, x, padding_mask=None, return_attention_scores=False, training=None,
+             attention_mask=None):
+        mask = attention_mask
+        if mask is None and padding_mask is not None:
+            mask = padding_mask[:, None, :]
         out = residual(
             x,
             lambda y: self.self_attention(y, attention_mask=mask, training=training,
@@ -66,7 +70,10 @@ class Encoder(LayerStack):
     """The encoder (§3.1): positional encoding added to the (scaled) embeddings, dropout,
     then `num_layers` EncoderLayers (plus a final LayerNorm when `norm_first`).
 
-    Call: embeddings [B, S, d_model], padding_mask [B, S] bool.
+    Call: embeddings [B, S, d_model], padding_mask [B, S] bool. Rows that hold several
+    sentences (`make_dataset(batching="concat")`) also pass segment_ids [B, S] (1, 2, ... for
+    the sentences of a row, 0 for padding) and positions [B, S] (restarting at 0 in each
+    sentence): a token then attends only within its own sentence.
     Returns the memory [B, S, d_model]; with `return_attention_scores`, also a list of
     per-layer weights [B, h, S, S].
     """
@@ -80,12 +87,17 @@ class Encoder(LayerStack):
         if self.final_norm is not None:
             self.final_norm.build(input_shape)
 
-    def call(self, embeddings, padding_mask=None, return_attention_scores=False, training=None):
-        x = self.dropout(embeddings + self.positions(embeddings), training=training)
+    def call(self, embeddings, padding_mask=None, return_attention_scores=False, training=None,
+             segment_ids=None, positions=None):
+        x = embeddings + self.positions(embeddings, positions=positions)
+        x = self.dropout(x, training=training)
+        mask = None
+        if segment_ids is not None:
+            mask = same_segment(segment_ids, segment_ids) & padding_mask[:, None, :]
         weights = []
         for layer in self.layers:
             x = layer(x, padding_mask, return_attention_scores=return_attention_scores,
-                      training=training)
+                      training=training, attention_mask=mask)
             if return_attention_scores:
                 x, w = x
                 weights.append(w)

@@ -26,7 +26,10 @@ class Transformer(keras.Model):
 
     Call: {"source_ids": [B, S] int, "target_ids": [B, T] int} (the target shifted right; pad
     id `config.pad_id`). Returns logits [B, T, vocab_size] in float32. Padding masks are built
-    from the ids, so padding never changes a real position's output.
+    from the ids, so padding never changes a real position's output. Rows that hold several
+    sentence pairs (`make_dataset(batching="concat")`) add "source_segment_ids",
+    "target_segment_ids" (1, 2, ... per pair, 0 for padding), "source_positions" and
+    "target_positions" (restarting at 0 in each pair): each pair is then computed as if alone.
 
     For decoding: `encode`, `init_cache` and `decode_step` (one position per call).
     """
@@ -57,25 +60,34 @@ class Transformer(keras.Model):
     def padding_mask(self, ids):
         return tf.not_equal(tf.cast(ids, tf.int32), self.config.pad_id)
 
-    def encode(self, source_ids, return_attention_scores=False, training=None):
+    def encode(self, source_ids, return_attention_scores=False, training=None,
+               segment_ids=None, positions=None):
         """source_ids [B, S] -> memory [B, S, d_model] (and per-layer weights if asked)."""
         return self.encoder(self.embedding(source_ids), self.padding_mask(source_ids),
-                            return_attention_scores=return_attention_scores, training=training)
+                            return_attention_scores=return_attention_scores, training=training,
+                            segment_ids=segment_ids, positions=positions)
 
     def decode(self, target_ids, memory, source_ids, return_attention_scores=False,
-               training=None):
+               training=None, segment_ids=None, source_segment_ids=None, positions=None):
         """Logits [B, T, vocab_size] (float32) of the shifted-right target against memory."""
         out = self.decoder(self.embedding(target_ids), memory, self.padding_mask(target_ids),
                            self.padding_mask(source_ids),
-                           return_attention_scores=return_attention_scores, training=training)
+                           return_attention_scores=return_attention_scores, training=training,
+                           segment_ids=segment_ids, memory_segment_ids=source_segment_ids,
+                           positions=positions)
         if return_attention_scores:
             return self.embedding.logits(out[0]), out[1]
         return self.embedding.logits(out)
 
     def call(self, inputs, training=None):
         source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
-        memory = self.encode(source_ids, training=training)
-        return self.decode(target_ids, memory, source_ids, training=training)
+        source_segments = inputs.get("source_segment_ids")
+        memory = self.encode(source_ids, training=training, segment_ids=source_segments,
+                             positions=inputs.get("source_positions"))
+        return self.decode(target_ids, memory, source_ids, training=training,
+                           segment_ids=inputs.get("target_segment_ids"),
+                           source_segment_ids=source_segments,
+                           positions=inputs.get("target_positions"))
 
     def init_cache(self, memory, max_length):
         """Per-layer decoding caches: self-attention buffers of `max_length` positions and

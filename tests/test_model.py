@@ -52,6 +52,31 @@ def test_padding_does_not_change_real_positions(rng, overrides):
     np.testing.assert_allclose(padded.numpy()[:, :4][real], logits.numpy()[real], atol=1e-4)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}, {"position": "learned"}])
+def test_a_row_of_several_pairs_computes_each_as_if_alone(rng, overrides):
+    """Rows that concatenate pairs (`make_dataset(batching="concat")`): with their segment ids
+    and positions, each pair's logits equal that pair's logits computed alone, unpadded (the
+    independent path: the plain model call on one pair)."""
+    model = make_model(**overrides)
+    pairs = [(random_ids(rng, 1, n, 50, min_length=n)[0],
+              random_ids(rng, 1, m, 50, min_length=m)[0]) for n, m in ((4, 3), (2, 5), (6, 1))]
+    row = {name: [] for name in ("source_ids", "target_ids", "source_segment_ids",
+                                 "target_segment_ids", "source_positions", "target_positions")}
+    for segment, (source, target) in enumerate(pairs, start=1):
+        for side, ids in (("source", source), ("target", target)):
+            row[f"{side}_ids"] += list(ids)
+            row[f"{side}_segment_ids"] += [segment] * len(ids)
+            row[f"{side}_positions"] += list(range(len(ids)))
+    for name, values in row.items():  # padding at the end of the row
+        row[name] = tf.constant([values + [0, 0]])
+    logits = model(row).numpy()[0]
+    start = 0
+    for source, target in pairs:
+        alone = model({"source_ids": tf.constant([source]), "target_ids": tf.constant([target])})
+        np.testing.assert_allclose(logits[start:start + len(target)], alone[0], atol=1e-4)
+        start += len(target)
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_logits_are_float32(rng, policy):
     keras.mixed_precision.set_global_policy(policy)

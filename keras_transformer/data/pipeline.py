@@ -5,19 +5,27 @@ Elements are `({"source_ids": [B, S], "target_ids": [B, T]}, labels [B, T])`, in
 with `pad_id` (0): source = tokens + EOS, target_ids = BOS + tokens (the target shifted right),
 labels = tokens + EOS.
 
-Two batching modes:
-- dynamic (GPUs, CPUs), the default: pairs are read in windows of `window` pairs, each window
-  is sorted by target length and cut greedily into batches as large as the budget allows:
+Batching modes:
+- dynamic "packed" (GPUs, CPUs), the default: pairs are read in windows of `window` pairs,
+  each window is sorted by target length and cut greedily into batches as large as the budget allows:
   B x longest target <= batch_tokens, B x longest source <= source_tokens (fairseq's and
   OpenNMT-tf's "sort within a window and fill to the budget"). Batches are padded to their
   own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
   corpus, against 77-84% with length buckets); they are shuffled afterwards. Ties in target
-  length keep their random order. Nothing is dropped. With `sort=False` the window is packed
-  in its shuffled order instead: batches of mixed lengths, with padding. On the sample
-  corpus, whose sentence templates are nearly fixed by their length, batches of one length
-  learn markedly slower per step (training loss after 120 steps of tiny: 3.72 sorted by
-  target length, 4.34 sorted by both lengths, 3.43 length buckets, 2.91 unsorted), so that
-  corpus trains unsorted; natural corpora train sorted, as fairseq and OpenNMT-tf do.
+  length keep their random order. Nothing is dropped.
+- dynamic "mixed": the window is cut in its shuffled order instead: batches of mixed
+  lengths, with padding (about half the budget on the sample corpus). On that corpus, whose
+  sentence templates are nearly fixed by their length, batches of one length learn markedly
+  slower per step (training loss after 120 steps of tiny: 3.72 sorted by target length, 4.34
+  sorted by both lengths, 3.43 length buckets, 2.91 unsorted); natural corpora train sorted,
+  as fairseq and OpenNMT-tf do.
+- concat (`batching="concat"`): several pairs share each row of `row_length` tokens (first
+  fit, in the shuffled order), told apart by segment ids and positions that restart at 0 in
+  every pair; the model masks attention so that each pair is computed as if alone (the
+  "packed" examples of tensor2tensor). Rows are full (96.7% real target tokens on the sample
+  corpus) and each batch still mixes lengths and templates; batches are [budget //
+  row_length, row_length]. Elements then add "source_segment_ids", "target_segment_ids",
+  "source_positions" and "target_positions" to the inputs.
 - static (TPUs, XLA): every batch padded to its length bucket's bound, batch sizes fixed per
   bucket and divisible by the replica count, remainders dropped: only a handful of shapes, so
   XLA compiles each once.
@@ -31,6 +39,8 @@ from keras_transformer.config import ConfigError
 from keras_transformer.tokenizer import BOS_ID, EOS_ID
 
 logger = logging.getLogger(__name__)
+
+BATCHING = ("packed", "mixed", "concat")
 
 
 def bucket_boundaries(max_length, smallest=8, growth=1.25):
@@ -141,10 +151,74 @@ def _packed_batches(batch_tokens, source_tokens, pad_id, sort):
     return batches
 
 
+def concat_rows(source_lengths, target_lengths, row_length):
+    """Places a window of pairs in rows of `row_length` source and `row_length` target
+    tokens, first fit in the window's (shuffled) order: each pair goes to the first row that
+    still has room for both its sides. Returns the row of each pair [n] and the row count."""
+    source_lengths = tf.cast(source_lengths, tf.int32)
+    target_lengths = tf.cast(target_lengths, tf.int32)
+    count = tf.size(source_lengths)
+    slots = tf.range(count)
+
+    def place(i, free_source, free_target, rows, row_of):
+        fits = ((free_source >= source_lengths[i]) & (free_target >= target_lengths[i])
+                & (slots <= rows))  # slot `rows` is a new, empty row
+        row = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
+        here = tf.equal(slots, row)
+        return (i + 1, tf.where(here, free_source - source_lengths[i], free_source),
+                tf.where(here, free_target - target_lengths[i], free_target),
+                tf.maximum(rows, row + 1), tf.tensor_scatter_nd_update(row_of, [[i]], [row]))
+
+    full = tf.fill([count], tf.constant(row_length, tf.int32))
+    _, _, _, rows, row_of = tf.while_loop(
+        lambda i, *_: i < count, place,
+        (tf.constant(0), full, full, tf.constant(0), tf.zeros([count], tf.int32)))
+    return row_of, rows
+
+
+def _concatenated_rows(row_length, pad_id):
+    """A `flat_map` function: one window of ragged rows -> rows of `row_length` tokens, each
+    holding several pairs with their segment ids (1, 2, ... per pair; 0 for padding) and
+    positions (from 0 in each pair)."""
+
+    def rows_of(inputs, labels):
+        row_of, rows = concat_rows(inputs["source_ids"].row_lengths(), labels.row_lengths(),
+                                   row_length)
+        order = tf.argsort(row_of, stable=True)
+        pair_rows = tf.gather(row_of, order)
+        first = tf.math.unsorted_segment_min(tf.range(tf.size(order)), pair_rows, rows)
+        segment = tf.range(tf.size(order)) - tf.gather(first, pair_rows) + 1
+
+        def concatenated(ragged, of_tokens=None, fill=pad_id):
+            pairs = tf.gather(ragged, order)
+            pair_of_token = pairs.value_rowids()
+            values = pairs.values if of_tokens is None else of_tokens(pairs, pair_of_token)
+            tokens = tf.RaggedTensor.from_value_rowids(
+                values, tf.gather(pair_rows, pair_of_token), nrows=rows)
+            return tokens.to_tensor(fill, shape=[None, row_length])
+
+        def segments(pairs, pair_of_token):
+            return tf.gather(segment, pair_of_token)
+
+        def positions(pairs, pair_of_token):
+            return tf.ragged.range(pairs.row_lengths()).values
+
+        source, target = inputs["source_ids"], inputs["target_ids"]
+        return tf.data.Dataset.from_tensor_slices((
+            {"source_ids": concatenated(source), "target_ids": concatenated(target),
+             "source_segment_ids": concatenated(source, segments, 0),
+             "target_segment_ids": concatenated(target, segments, 0),
+             "source_positions": concatenated(source, positions, 0),
+             "target_positions": concatenated(target, positions, 0)},
+            concatenated(labels)))
+
+    return rows_of
+
+
 def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle=True, seed=0,
                  shuffle_buffer=50_000, static=False, num_replicas=1, repeat=False,
                  input_context=None, stats=None, window=None, source_tokens=None, pad_id=0,
-                 sort=True):
+                 batching="packed", row_length=None):
     """Batches of token ids from a dataset of (source, target) strings.
 
     Args:
@@ -167,13 +241,21 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         window: pairs sorted and packed together in dynamic mode (default: enough for about
             64 full batches of pairs of 8 pieces, at least 8,192).
         pad_id: the id that pads batches (the model's `config.pad_id`).
-        sort: dynamic mode sorts each window by target length (batches of one length, nearly
-            no padding); False packs pairs in their shuffled order (batches of mixed
-            lengths, about half padding on the sample corpus).
+        batching: in dynamic mode, "packed" sorts each window by target length (batches of
+            one length, nearly no padding); "mixed" packs pairs in their shuffled order
+            (batches of mixed lengths, about half padding on the sample corpus); "concat"
+            places several pairs in each row (see the module docstring).
+        row_length: the row length of "concat" (default `max_length`).
     """
     if max_length > batch_tokens:
         raise ConfigError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
                           f"length {max_length}: raise batch_tokens or lower max_length.")
+    if batching not in BATCHING:
+        raise ConfigError(f"batching={batching!r}: choose one of {', '.join(BATCHING)}.")
+    row_length = row_length or max_length
+    if batching == "concat" and not max_length <= row_length <= batch_tokens:
+        raise ConfigError(f"row_length={row_length} must hold the longest pair (max_length="
+                          f"{max_length}) and fit in batch_tokens={batch_tokens}.")
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle:
@@ -182,7 +264,11 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         pairs = pairs.repeat()
     dataset = encode_pairs(pairs, tokenizer, max_length, stats)
 
-    if static:
+    if batching == "concat":
+        window = window or max(1024, batch_tokens // 8)
+        dataset = dataset.ragged_batch(window).flat_map(_concatenated_rows(row_length, pad_id))
+        dataset = dataset.batch(batch_tokens // row_length, drop_remainder=static)
+    elif static:
         boundaries = bucket_boundaries(max_length)
         sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
 
@@ -196,7 +282,7 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         window = window or max(8192, 64 * batch_tokens // 8)
         source_tokens = source_tokens or batch_tokens * 3 // 2
         dataset = dataset.ragged_batch(window).flat_map(
-            _packed_batches(batch_tokens, source_tokens, pad_id, sort))
+            _packed_batches(batch_tokens, source_tokens, pad_id, sort=batching == "packed"))
     if shuffle:
         dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
