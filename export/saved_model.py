@@ -5,17 +5,17 @@ translations out, with SentencePiece tokenization and beam search in the graph.
 
 writes models/transformer/<version>/ (the next integer unless --version is given), the layout
 TF Serving watches, with the vocabulary in assets/ and warm-up requests in assets.extra/.
-Signatures:
+Signatures (outputs after the arrow):
 
-    serving_default         inputs: string [N]            -> translations: string [N], scores: float [N]
+    serving_default         inputs: string [N]
+                            -> translations: string [N], scores: float [N]
     translate_with_options  inputs: string [N], and per row ([N]) or for all (a scalar):
                             beam_size: int32 (1..max_beam_size), alpha: float32 (>= 0),
                             max_extra: int32 (>= 0), num_return: int32 (1..beam_size)
-                                                          -> translations [N], scores [N] (the best),
-                                                             nbest_translations [N, K], nbest_scores
-                                                             [N, K] (K = the largest num_return)
+                            -> translations [N], scores [N] (the best), nbest_translations
+                               [N, K], nbest_scores [N, K] (K = the largest num_return)
     translate_ids           source_ids: int32 [N, S] (EOS-terminated, padded with config.pad_id)
-                                                          -> sequences: int32 [N, L], scores: float [N]
+                            -> sequences: int32 [N, L], scores: float [N]
 
 Requests: an empty (or blank) string gives an empty translation and score 0; an input longer
 than `max_input_length` pieces (default config.max_length - max_extra) is cut to its first

@@ -381,6 +381,16 @@ def test_static_mode_shapes(tokenizer):
     assert count > 0.8 * len(sample_corpus.sample_pairs("validation"))
 
 
+def test_static_concat_batches_have_one_shape(tokenizer):
+    """Static mode with batching="concat": every batch [rows, row_length], rows a multiple of
+    the replica count (XLA compiles one shape)."""
+    dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                    batch_tokens=300, max_length=20, static=True,
+                                    num_replicas=4, batching="concat")
+    shapes = {labels.shape for _, labels in dataset.as_numpy_iterator()}
+    assert shapes == {(12, 20)}
+
+
 def test_shards_per_worker_partition_the_corpus(tokenizer):
     seen = []
     for worker in range(2):

@@ -195,6 +195,18 @@ def test_user_mistakes_are_clear_errors(tmp_path, args, message):
     assert "Traceback" not in result.stderr
 
 
+def test_boolean_model_flags_work_bare_or_with_a_value():
+    """Issue 13: the README writes `--norm_first` bare; `--norm_first false` works too."""
+    from trainers import wmt
+
+    parser = wmt.build_parser()
+    assert parser.parse_args(["--norm_first"]).norm_first is True
+    assert parser.parse_args(["--norm_first", "false", "--dataset", "sample"]).norm_first is False
+    assert parser.parse_args([]).norm_first is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--norm_first", "maybe"])
+
+
 def test_bad_flag_value_is_rejected():
     result = trainer("--precision", "float8", timeout=120)
     assert result.returncode == 2 and "invalid choice" in result.stderr

@@ -78,7 +78,9 @@ def build_parser():
     for field in dataclasses.fields(TransformerConfig):
         kind = {bool: _bool, int: int, float: float, str: str}.get(field.type, int)  # int | None
         choices = ("sinusoidal", "learned") if field.name == "position" else None
-        model.add_argument(f"--{field.name}", type=kind, default=None, choices=choices)
+        # A bare boolean flag (`--norm_first`) means true; `--norm_first false` also works.
+        bare = dict(nargs="?", const=True) if kind is _bool else {}
+        model.add_argument(f"--{field.name}", type=kind, default=None, choices=choices, **bare)
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=("wmt14", "sample", "files"), default="wmt14")

@@ -7,10 +7,10 @@ labels = tokens + EOS.
 
 Batching modes:
 - dynamic "packed" (GPUs, CPUs), the default: pairs are read in windows of `window` pairs,
-  each window is sorted by target length and cut greedily into batches as large as the budget allows:
-  B x longest target <= batch_tokens, B x longest source <= source_tokens (fairseq's and
-  OpenNMT-tf's "sort within a window and fill to the budget"). Batches are padded to their
-  own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
+  each window is sorted by target length and cut greedily into batches as large as the
+  budget allows: B x longest target <= batch_tokens, B x longest source <= source_tokens
+  (fairseq's and OpenNMT-tf's "sort within a window and fill to the budget"). Batches are
+  padded to their own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
   corpus, against 77-84% with length buckets); they are shuffled afterwards. Ties in target
   length keep their random order. Nothing is dropped.
 - dynamic "mixed": the window is cut in its shuffled order instead: batches of mixed
@@ -200,7 +200,7 @@ def _concatenated_rows(row_length, pad_id):
         def segments(pairs, pair_of_token):
             return tf.gather(segment, pair_of_token)
 
-        def positions(pairs, pair_of_token):
+        def positions(pairs, _):
             return tf.ragged.range(pairs.row_lengths()).values
 
         source, target = inputs["source_ids"], inputs["target_ids"]
@@ -232,14 +232,16 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         max_length: the longest source or target kept, BOS/EOS included.
         shuffle, seed, shuffle_buffer: shuffle pairs before batching and batches after it,
             reshuffled every epoch, deterministically from `seed`.
-        static: the TPU/XLA mode (see the module docstring).
+        static: the TPU/XLA mode (see the module docstring); with "concat", every batch is
+            [rows, row_length] with rows a multiple of `num_replicas`.
         num_replicas: in static mode, batch sizes are multiples of it.
         repeat: repeat forever; pairs are repeated before batching, so no epoch ends on a
             part-filled batch.
         input_context: a `tf.distribute.InputContext`; each worker reads its own shard.
         stats: a `PipelineStats` to count kept and over-long pairs.
         window: pairs sorted and packed together in dynamic mode (default: enough for about
-            64 full batches of pairs of 8 pieces, at least 8,192).
+            64 full batches of pairs of 8 pieces, at least 8,192), or placed in rows together
+            by "concat" (default: max(1,024, batch_tokens / 8)).
         pad_id: the id that pads batches (the model's `config.pad_id`).
         batching: in dynamic mode, "packed" sorts each window by target length (batches of
             one length, nearly no padding); "mixed" packs pairs in their shuffled order
@@ -267,7 +269,10 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
     if batching == "concat":
         window = window or max(1024, batch_tokens // 8)
         dataset = dataset.ragged_batch(window).flat_map(_concatenated_rows(row_length, pad_id))
-        dataset = dataset.batch(batch_tokens // row_length, drop_remainder=static)
+        rows = batch_tokens // row_length
+        if static:  # fixed shapes, the batch divisible by the replicas
+            rows = max(rows // num_replicas, 1) * num_replicas
+        dataset = dataset.batch(rows, drop_remainder=static)
     elif static:
         boundaries = bucket_boundaries(max_length)
         sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
