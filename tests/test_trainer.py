@@ -37,6 +37,18 @@ def h5_arrays(path):
     return arrays
 
 
+def scalar_tags(directory):
+    """The scalar tags in a folder's TensorBoard event files, read as TensorBoard reads them."""
+    import tensorflow as tf
+
+    tags = set()
+    for path in pathlib.Path(directory).rglob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            tags |= {value.tag for value in event.summary.value}
+    return tags
+
+
 def final_checkpoint(model_dir, worker=None):
     directory = pathlib.Path(model_dir) / ("checkpoints" if worker is None
                                            else f"workers/{worker}/checkpoints")
@@ -62,6 +74,11 @@ def test_main_job_on_the_sample_corpus(tmp_path):
     scores = json.loads((tmp_path / "run/translations/results.json").read_text())
     assert scores["test"]["bleu"] >= MAIN_JOB_MIN_BLEU, scores
     assert "test: BLEU = " in result.stdout
+    # Issue 13: the validation loss at every epoch end, in the log and in TensorBoard.
+    val_losses = [float(line.split("val_loss: ")[1].split()[0])
+                  for line in result.stdout.splitlines() if "val_loss: " in line]
+    assert len(val_losses) == 2 and val_losses[1] < val_losses[0], result.stdout[-3000:]
+    assert "epoch_loss" in scalar_tags(tmp_path / "run/logs/validation")
     assert final_checkpoint(tmp_path / "run").exists()
     assert (tmp_path / "run/export/1/saved_model.pb").exists()
     translated = subprocess.run(

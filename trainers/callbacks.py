@@ -25,7 +25,9 @@ class TargetTokens(keras.metrics.Metric):
                                                     tf.float32)))
 
     def result(self):
-        return self.total
+        # A copy: the variable itself would show validation's count in the training logs
+        # once the epoch-end validation resets and refills it.
+        return tf.identity(self.total)
 
     def reset_state(self):
         self.total.assign(0.0)

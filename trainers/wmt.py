@@ -117,6 +117,9 @@ def build_parser():
 
     evaluate = parser.add_argument_group("evaluation")
     evaluate.add_argument("--eval_only", action="store_true")
+    evaluate.add_argument("--no_validation", action="store_true",
+                          help="skip the validation loss at every --steps_per_epoch boundary "
+                               "(computed on the validation split when it exists)")
     evaluate.add_argument("--no_eval", action="store_true")
     evaluate.add_argument("--no_export", action="store_true",
                           help="skip exporting the averaged model (model_dir/export/<version>)")
@@ -235,6 +238,28 @@ def checkpoint_dir(model_dir, chief, worker):
     return model_dir / "checkpoints" if chief else model_dir / "workers" / worker / "checkpoints"
 
 
+def validation_batches(settings, config, strategy, tokenizer, static, options):
+    """The validation split in length-sorted batches of the training budget (in a fixed
+    order; pairs over --max_train_length left out, as in training), for Keras' validation loss
+    at every epoch end; None without one."""
+    from keras_transformer.data import corpora, pipeline
+
+    if settings["no_validation"] or (settings["dataset"] == "files"
+                                     and not settings.get("validation_files")):
+        return None
+    try:
+        pairs = split_pairs(settings, "validation")
+    except corpora.DataError as error:
+        print(f"No validation loss: {error}", flush=True)
+        return None
+    dataset = pipeline.make_dataset(
+        pairs, tokenizer, batch_tokens=settings["batch_tokens"],
+        max_length=settings["max_train_length"],
+        shuffle=False, static=static, num_replicas=strategy.num_replicas_in_sync,
+        pad_id=config.pad_id)
+    return dataset.with_options(options)
+
+
 def make_callbacks(settings, schedule, model_dir, chief, worker, budget=None):
     import keras
 
@@ -313,7 +338,9 @@ def train(settings, config, strategy, tokenizer, model_dir):
         callbacks = make_callbacks(settings, schedule, model_dir, chief, worker, budget)
         start = time.monotonic()
         model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch * settings["grad_accum"],
-                  callbacks=callbacks, verbose=settings["verbose"], shuffle=False)
+                  callbacks=callbacks, verbose=settings["verbose"], shuffle=False,
+                  validation_data=validation_batches(settings, config, strategy, tokenizer,
+                                                     static, options))
         throughput = next(c for c in callbacks if isinstance(c, Throughput))
         summary = {**throughput.summary(), "fit_seconds": time.monotonic() - start,
                    "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
