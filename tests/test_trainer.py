@@ -79,6 +79,7 @@ def test_main_job_on_the_sample_corpus(tmp_path):
                   for line in result.stdout.splitlines() if "val_loss: " in line]
     assert len(val_losses) == 2 and val_losses[1] < val_losses[0], result.stdout[-3000:]
     assert "epoch_loss" in scalar_tags(tmp_path / "run/logs/validation")
+    assert {"epoch_loss", "epoch_learning_rate"} <= scalar_tags(tmp_path / "run/logs/train")
     assert final_checkpoint(tmp_path / "run").exists()
     assert (tmp_path / "run/export/1/saved_model.pb").exists()
     translated = subprocess.run(

@@ -281,7 +281,9 @@ def make_callbacks(settings, schedule, model_dir, chief, worker, budget=None):
     if budget is not None:
         callbacks.append(budget)
     if chief:
-        callbacks.append(keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq=50))
+        # update_freq="epoch": with a step count, Keras 3.15 records no epoch summaries (no
+        # validation loss, no learning rate) unless the epoch ends on a multiple of it.
+        callbacks.append(keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq="epoch"))
     return callbacks
 
 
