@@ -116,11 +116,12 @@ class TranslationModule(tf.Module):
                 tf.gather(source_ids, members), tf.cast(beam_size, tf.int32),
                 tf.cast(alpha, tf.float32), tf.cast(max_extra, tf.int32),
                 tf.cast(num_return, tf.int32))
-            padding = [[0, 0], [0, width - tf.shape(best)[1]]]
+            missing = width - tf.shape(best)[1]  # columns beyond this group's num_return
             text = tf.concat([self.detokenize(sequences),
-                              tf.fill([tf.shape(members)[0], padding[1][1]], "")], axis=1)
+                              tf.fill([tf.shape(members)[0], missing], "")], axis=1)
+            best = tf.pad(best, [[0, 0], [0, missing]])
             translations = tf.tensor_scatter_nd_update(translations, members[:, None], text)
-            scores = tf.tensor_scatter_nd_update(scores, members[:, None], tf.pad(best, padding))
+            scores = tf.tensor_scatter_nd_update(scores, members[:, None], best)
             return g + 1, translations, scores
 
         _, translations, scores = tf.while_loop(
