@@ -189,28 +189,28 @@ def _concatenated_rows(row_length, pad_id):
         first = tf.math.unsorted_segment_min(tf.range(tf.size(order)), pair_rows, rows)
         segment = tf.range(tf.size(order)) - tf.gather(first, pair_rows) + 1
 
-        def concatenated(ragged, of_tokens=None, fill=pad_id):
-            pairs = tf.gather(ragged, order)
-            pair_of_token = pairs.value_rowids()
-            values = pairs.values if of_tokens is None else of_tokens(pairs, pair_of_token)
-            tokens = tf.RaggedTensor.from_value_rowids(
-                values, tf.gather(pair_rows, pair_of_token), nrows=rows)
-            return tokens.to_tensor(fill, shape=[None, row_length])
+        def side(*raggeds):
+            """Pairs of one side (raggeds of equal row lengths) laid out in their rows:
+            [rows, row_length] ids for each ragged, then segment ids and positions."""
+            pairs = [tf.gather(ragged, order) for ragged in raggeds]
+            pair_of_token = pairs[0].value_rowids()
+            token_rows = tf.gather(pair_rows, pair_of_token)
 
-        def segments(pairs, pair_of_token):
-            return tf.gather(segment, pair_of_token)
+            def laid_out(values, fill):
+                tokens = tf.RaggedTensor.from_value_rowids(values, token_rows, nrows=rows)
+                return tokens.to_tensor(fill, shape=[None, row_length])
 
-        def positions(pairs, _):
-            return tf.ragged.range(pairs.row_lengths()).values
+            return ([laid_out(p.values, pad_id) for p in pairs]
+                    + [laid_out(tf.gather(segment, pair_of_token), 0),
+                       laid_out(tf.ragged.range(pairs[0].row_lengths()).values, 0)])
 
-        source, target = inputs["source_ids"], inputs["target_ids"]
+        source_ids, source_segments, source_positions = side(inputs["source_ids"])
+        target_ids, labels, target_segments, target_positions = side(inputs["target_ids"], labels)
         return tf.data.Dataset.from_tensor_slices((
-            {"source_ids": concatenated(source), "target_ids": concatenated(target),
-             "source_segment_ids": concatenated(source, segments, 0),
-             "target_segment_ids": concatenated(target, segments, 0),
-             "source_positions": concatenated(source, positions, 0),
-             "target_positions": concatenated(target, positions, 0)},
-            concatenated(labels)))
+            {"source_ids": source_ids, "target_ids": target_ids,
+             "source_segment_ids": source_segments, "target_segment_ids": target_segments,
+             "source_positions": source_positions, "target_positions": target_positions},
+            labels))
 
     return rows_of
 
