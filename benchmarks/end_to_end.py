@@ -90,6 +90,7 @@ def run_ours(corpus_args, settings, args, work):
                "--train_steps", "1000000", "--steps_per_epoch", "100", "--average_last", "1",
                "--beam_size", "1", "--alpha", "0", "--eval_splits", "test",
                "--eval_max_sentences", str(args.eval_sentences), "--no_export",
+               "--no_validation", "--eval_every_steps", "0",  # as the keras-hub loop
                "--model_dir", str(model_dir), "--verbose", "2"]
     if args.xla:
         command += ["--jit_compile", "--static_batches"]

@@ -239,6 +239,7 @@ def export(model, vocab_path, export_dir, version=None, model_name="transformer"
     signatures = {name: getattr(module, name) for name in SIGNATURE_NAMES}
     staging = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
+    logger.info("exporting %s: tracing %d signatures (tens of seconds)", target, len(signatures))
     tf.saved_model.save(module, str(staging), signatures=signatures)
     write_warmup_requests(staging, model_name, list(warmup_examples))
     staging.rename(target)  # TF Serving never sees a half-written version

@@ -23,7 +23,7 @@ from keras_transformer.embedding import (
 from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import FeedForward
 from keras_transformer.layer_norm import LayerNorm
-from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy, Perplexity
 from keras_transformer.model import Transformer
 from keras_transformer.schedule import (
     FusedAdam,

@@ -79,6 +79,41 @@ class TransformerConfig:
     def to_dict(self):
         return dataclasses.asdict(self)
 
+    def shape_differences(self, other):
+        """The fields whose values differ between `self` and `other` and that change the
+        model's weights (their number or shapes, or what they mean): [(name, mine, theirs)]."""
+        names = list(SHAPE_FIELDS) + (["max_length"] if "learned" in (self.position,
+                                                                      other.position) else [])
+        return [(name, getattr(self, name), getattr(other, name)) for name in names
+                if getattr(self, name) != getattr(other, name)]
+
     @classmethod
     def from_dict(cls, values):
         return cls(**values)
+
+
+# Fields a trained model's weights depend on (plus max_length with learned positions).
+SHAPE_FIELDS = ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "key_dim",
+                "num_kv_heads", "position", "norm_first", "pad_id")
+
+# One line per field, for the command line's --help.
+FIELD_HELP = {
+    "vocab_size": "shared source-target SentencePiece vocabulary size",
+    "num_layers": "N, layers in the encoder and in the decoder",
+    "d_model": "model width (embeddings and every sub-layer output)",
+    "d_ff": "inner width of the position-wise feed-forward networks (§3.3)",
+    "num_heads": "h, attention heads (§3.2.2)",
+    "key_dim": "d_k = d_v per head (default d_model / num_heads)",
+    "num_kv_heads": "key/value heads below num_heads: grouped-query attention (a later variant)",
+    "dropout": "P_drop, residual and embedding dropout (§5.4)",
+    "attention_dropout": "dropout on the attention weights (not in the paper)",
+    "label_smoothing": "epsilon_ls of the loss (§5.4)",
+    "position": "sinusoidal (§3.5) or learned (Table 3 row E) positions",
+    "max_length": "longest sequence the positions and the decoding cache allow",
+    "norm_first": "pre-LN sub-layers with a final norm instead of the paper's post-LN "
+                  "(bare flag = true)",
+    "layer_norm_epsilon": "LayerNorm epsilon",
+    "pad_id": "padding token id (must match the vocabulary's)",
+    "warmup_steps": "warmup_steps of the §5.3 learning rate",
+    "train_steps": "weight updates to train for",
+}

@@ -112,3 +112,34 @@ class MaskedTokenAccuracy(keras.metrics.Metric):
 
     def get_config(self):
         return {**super().get_config(), "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Perplexity(keras.metrics.Metric):
+    """exp of the mean negative log-likelihood of the real (non-padding) target tokens,
+    without label smoothing: perplexity per target token, weighted by tokens like the loss.
+    y_pred holds logits [batch, length, vocab]."""
+
+    def __init__(self, pad_id=0, name="perplexity", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = tf.cast(y_true, tf.int32)
+        real = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
+        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y_true, logits=tf.cast(y_pred, tf.float32))
+        self.total.assign_add(tf.reduce_sum(nll * real))
+        self.count.assign_add(tf.reduce_sum(real))
+
+    def result(self):
+        return tf.exp(tf.math.divide_no_nan(self.total, self.count))
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}

@@ -113,8 +113,8 @@ def make_optimizer(learning_rate, gradient_accumulation_steps=None, **kwargs):
 
 class HostStepCounter(keras.callbacks.Callback):
     """Counts weight updates on the host, so callbacks need no device read per step: reads
-    the optimizer's iteration count once, before the first batch (after `BackupAndRestore`
-    has restored it), then adds the batches Keras reports (several per call with
+    the optimizer's iteration count once, before the first batch (after a resumed run has
+    restored it), then adds the batches Keras reports (several per call with
     `steps_per_execution`). `self.step` is the number of updates done (micro-batches
     divided by the gradient accumulation steps)."""
 

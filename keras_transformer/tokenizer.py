@@ -12,6 +12,7 @@ import io
 import logging
 import pathlib
 import re
+import time
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -107,6 +108,19 @@ class Tokenizer:
         return self._ops().id_to_string(ids)
 
 
+def _reported(sentences, every_seconds=10):
+    """`sentences`, logging how many have been read every `every_seconds` and when the
+    reading ends (SentencePiece then trains without a word)."""
+    start = last = time.monotonic()
+    count = 0
+    for count, sentence in enumerate(sentences, 1):
+        if time.monotonic() - last >= every_seconds:
+            last = time.monotonic()
+            logger.info("vocabulary: %d sentences read (%.0f/s)", count, count / (last - start))
+        yield sentence
+    logger.info("vocabulary: %d sentences read; training BPE on them", count)
+
+
 def load_or_train_tokenizer(sentences_fn, vocab_size, cache_dir, corpus_key):
     """The tokenizer cached under `cache_dir` for (`corpus_key`, `vocab_size`), trained from
     `sentences_fn()` (an iterable of training sentences) the first time."""
@@ -117,7 +131,9 @@ def load_or_train_tokenizer(sentences_fn, vocab_size, cache_dir, corpus_key):
         logger.info("Loading the cached vocabulary %s", path)
         return Tokenizer.load(path)
     logger.info("Training a %d-piece BPE vocabulary for %s", vocab_size, corpus_key)
-    tokenizer = Tokenizer.train(sentences_fn(), vocab_size)
+    start = time.monotonic()
+    tokenizer = Tokenizer.train(_reported(sentences_fn()), vocab_size)
+    logger.info("Trained the vocabulary in %.0f s", time.monotonic() - start)
     tmp = path.with_suffix(".tmp")
     tokenizer.save(tmp)
     tmp.replace(path)  # atomic: a concurrent reader never sees half a file

@@ -1,10 +1,16 @@
 """Strings in, strings out: a tokenizer and a model behind one call."""
 
+import logging
+import time
+
 import numpy as np
 import tensorflow as tf
 
 from keras_transformer.config import ConfigError
 from keras_transformer.decoding import beam_search, greedy_search
+
+logger = logging.getLogger(__name__)
+PROGRESS_SECONDS = 5  # a long translation logs its progress this often
 
 
 class Translator:
@@ -48,7 +54,12 @@ class Translator:
         """Best output ids (padded with config.pad_id) for a list of source id lists, in order."""
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         outputs = [None] * len(sources)
+        began = last_report = time.monotonic()
         for start in range(0, len(order), self.batch_size):
+            if time.monotonic() - last_report >= PROGRESS_SECONDS:
+                last_report = time.monotonic()
+                logger.info("translated %d of %d sentences (%.1f sentences/s)", start,
+                            len(order), start / (last_report - began))
             chosen = order[start:start + self.batch_size]
             width = -(-max(len(sources[i]) for i in chosen) // 8) * 8
             batch = np.full((len(chosen), width), self.model.config.pad_id, np.int32)

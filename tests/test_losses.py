@@ -105,3 +105,21 @@ def test_mirrored_loss_and_gradients_equal_single_device(rng):
     np.testing.assert_allclose(loss, single_loss, rtol=1e-5)
     for g, ref in zip(grads, single_grads):
         np.testing.assert_allclose(g, ref, atol=1e-6, rtol=1e-4)
+
+
+def test_perplexity_is_exp_of_the_token_mean_nll(rng):
+    """Perplexity over two batches = exp(mean -log p(label)) over their real tokens, by NumPy;
+    the label smoothing of the loss plays no part."""
+    metric = kt.Perplexity(pad_id=0)
+    nll = []
+    for _ in range(2):
+        logits = rng.normal(size=(3, 5, 11)).astype(np.float32)
+        labels = rng.integers(1, 11, size=(3, 5))
+        labels[0, 3:] = 0
+        log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        picked = np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+        nll.extend(-picked[labels != 0])
+        metric.update_state(tf.constant(labels), tf.constant(logits))
+    np.testing.assert_allclose(float(metric.result()), np.exp(np.mean(nll)), rtol=1e-5)
+    metric.reset_state()
+    assert float(metric.result()) == 1.0  # exp(0): nothing seen

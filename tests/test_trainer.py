@@ -49,6 +49,21 @@ def scalar_tags(directory):
     return tags
 
 
+def scalar_series(directory):
+    """{tag: [(step, value), ...]} of the scalars in a folder's TensorBoard event files."""
+    import tensorflow as tf
+
+    series = {}
+    for path in sorted(pathlib.Path(directory).rglob("events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") \
+                    else value.simple_value
+                series.setdefault(value.tag, []).append((event.step, number))
+    return series
+
+
 def final_checkpoint(model_dir, worker=None):
     directory = pathlib.Path(model_dir) / ("checkpoints" if worker is None
                                            else f"workers/{worker}/checkpoints")
@@ -80,6 +95,21 @@ def test_main_job_on_the_sample_corpus(tmp_path):
     assert len(val_losses) == 2 and val_losses[1] < val_losses[0], result.stdout[-3000:]
     assert "epoch_loss" in scalar_tags(tmp_path / "run/logs/validation")
     assert {"epoch_loss", "epoch_learning_rate"} <= scalar_tags(tmp_path / "run/logs/train")
+    assert "val_perplexity: " in result.stdout
+    # Validation loss, perplexity, BLEU and chrF at the global steps they were measured at.
+    series = scalar_series(tmp_path / "run/logs/eval")
+    for tag in ("validation/loss", "validation/perplexity", "validation/bleu", "validation/chrf",
+                "validation/decode_seconds"):
+        assert [step for step, _ in series[tag]] == [85, 170], (tag, series.get(tag))
+    np.testing.assert_allclose([v for _, v in series["validation/loss"]], val_losses, rtol=1e-3)
+    bleu = dict(series["validation/bleu"])
+    assert bleu[170] > bleu[85] and "validation BLEU" in result.stderr
+    assert len((tmp_path / "run/eval/step-00000085.txt").read_text().splitlines()) == 100
+    # best/ holds the best-scoring step, and the final evaluation says so.
+    best_step = max(bleu, key=bleu.get)
+    assert json.loads((tmp_path / "run/best/best.json").read_text())["step"] == best_step
+    assert (tmp_path / f"run/best/ckpt-{best_step:08d}.weights.h5").exists()
+    assert f"Best during training: step {best_step}, validation bleu" in result.stdout
     assert final_checkpoint(tmp_path / "run").exists()
     assert (tmp_path / "run/export/1/saved_model.pb").exists()
     translated = subprocess.run(
@@ -146,8 +176,13 @@ def test_multi_worker_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
-    common = SMALL + ["--train_steps", "40", "--steps_per_epoch", "5", "--no_eval",
-                      "--deterministic", "--strategy", "default"]
+    """Killed after a backup (every 5 steps, epochs of 10), the same command resumes there with
+    the input position restored (a few batches read again, not the 25 trained on) and ends
+    with the weights of an uninterrupted run."""
+    from trainers.backup import INPUT_LEAD, backup_metadata
+
+    common = SMALL + ["--train_steps", "40", "--steps_per_epoch", "10", "--backup_every_steps",
+                      "5", "--no_eval", "--deterministic", "--strategy", "default"]
     reference = trainer(*common, "--model_dir", str(tmp_path / "whole"))
     assert reference.returncode == 0, reference.stderr[-3000:]
 
@@ -156,20 +191,23 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "trainers.wmt", *common,
                                 "--model_dir", str(killed_dir)], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metadata = killed_dir / "backup/local/training_metadata.json"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if metadata.exists() and json.loads(metadata.read_text() or "{}").get("epoch", 0) >= 3:
+        if (backup_metadata(killed_dir / "backup/local") or {}).get("step", 0) >= 25:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert process.poll() is None, "the run ended before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (killed_dir / "checkpoints/ckpt-00000040.weights.h5").exists()
+    step = backup_metadata(killed_dir / "backup/local")["step"]
+    assert step % 5 == 0 and step < 40
 
     resumed = trainer(*common, "--model_dir", str(killed_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming after epoch" in resumed.stdout
+    line = next(l for l in resumed.stdout.splitlines() if l.startswith("Resumed at step"))
+    assert line.startswith(f"Resumed at step {step}:"), line
+    assert int(line.split("(")[1].split()[0]) <= INPUT_LEAD, line  # batches read again
     assert_same_weights(final_checkpoint(tmp_path / "whole"), final_checkpoint(killed_dir))
 
 
@@ -279,3 +317,139 @@ def test_time_budget_stops_then_evaluates(tmp_path):
     assert final_checkpoint(tmp_path / "run").name == f"ckpt-{steps:08d}.weights.h5"
     second = trainer(*args, timeout=600)
     assert second.returncode == 0 and "used up" in second.stdout, second.stderr[-3000:]
+    # --eval_only with nothing but the model_dir: the run's own settings (the sample corpus,
+    # which averages 2 checkpoints; the flags' defaults would read WMT and average 5).
+    again = trainer("--eval_only", "--model_dir", str(tmp_path / "run"), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Averaged 2 checkpoint(s)" in again.stdout and "test: BLEU" in again.stdout
+
+
+# ---- issue 13: config files, --help, the shape of an existing run -----------------------
+
+
+def test_config_file_and_command_line_combine(tmp_path):
+    """A YAML file sets flags by their names; the command line overrides it; a run's own
+    config.json read back gives the same settings as the flags it was made from."""
+    from trainers import wmt
+
+    (tmp_path / "run.yaml").write_text(
+        "dataset: sample\nd_model: 64\nnum_heads: 2\nnorm_first: true\nbatch_tokens: 1024\n"
+        "train_steps: 20\nsteps_per_epoch: 10\nno_validation: true\n")
+    args, given = wmt.parse_arguments(["--config", str(tmp_path / "run.yaml"),
+                                       "--batch_tokens", "512"])
+    assert (args.dataset, args.d_model, args.norm_first, args.no_validation) == \
+        ("sample", 64, True, True)
+    assert args.batch_tokens == 512  # the command line wins
+    assert {"dataset", "d_model", "batch_tokens", "no_validation"} <= given
+    assert "beam_size" not in given and args.beam_size == 4  # untouched flags keep defaults
+
+    config, settings = wmt.resolve_settings(args)
+    (tmp_path / "config.json").write_text(json.dumps({"model": config.to_dict(), "run": settings}))
+    again, _ = wmt.parse_arguments(["--config", str(tmp_path / "config.json")])
+    config_again, settings_again = wmt.resolve_settings(again)
+    assert config_again == config
+    assert {k: v for k, v in settings_again.items() if k not in wmt.RUN_ONLY} == \
+        {k: v for k, v in settings.items() if k not in wmt.RUN_ONLY}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("d_modle: 64\n", "unknown keys ['d_modle']"),
+    ("strategy: everywhere\n", "invalid choice"),
+    ("- a list\n", "expected a mapping"),
+    ("d_model: [\n", "not valid yaml"),
+])
+def test_bad_config_files_are_refused_by_name(tmp_path, capsys, text, message):
+    from trainers import wmt
+
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        wmt.parse_arguments(["--config", str(tmp_path / "bad.yaml")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_teaches_without_importing_tensorflow():
+    """Every flag has a help line; the examples show; the parser never loads TensorFlow."""
+    probe = ("import sys\nfrom trainers import wmt\nparser = wmt.build_parser()\n"
+             "text = parser.format_help()\n"
+             "assert 'examples:' in text and '--config run.yaml' in text, text\n"
+             "bare = [a.dest for a in parser._actions if not a.help]\n"
+             "assert not bare, bare\n"
+             "print('tensorflow' in sys.modules, 'keras' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False"]
+    shown = subprocess.run([sys.executable, "-m", "trainers.wmt", "--help"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "(default: 4)" in shown.stdout  # --beam_size
+
+
+def test_a_model_of_another_shape_is_refused(tmp_path):
+    """A model_dir keeps its model: another d_model is refused with the way out, and its
+    config.json is left as it was."""
+    from keras_transformer.config import ConfigError, TransformerConfig
+    from trainers import artifacts
+
+    config = TransformerConfig.preset("tiny", vocab_size=500)
+    artifacts.write_run_config(tmp_path, config, {"dataset": "sample"})
+    before = (tmp_path / "config.json").read_text()
+    artifacts.check_same_shape(tmp_path, TransformerConfig.preset("tiny", vocab_size=500,
+                                                                  dropout=0.3))  # same weights
+    with pytest.raises(ConfigError, match=r"d_model 128 \(it has 256\).*--config"):
+        artifacts.check_same_shape(tmp_path, TransformerConfig.preset(
+            "tiny", vocab_size=500, d_model=128, num_heads=4))
+    assert (tmp_path / "config.json").read_text() == before
+
+
+# ---- issue 13: backups, the input position, best/ ---------------------------------------
+
+
+def test_resumable_input_continues_the_stream_a_distributed_reader_read_ahead(tmp_path):
+    """States saved while Keras-style distributed readers pull batches ahead still resume at
+    exactly the next batch wanted (checked against one uninterrupted stream)."""
+    import tensorflow as tf
+
+    from trainers.resumable_input import ResumableInput
+
+    def batches():
+        return (tf.data.Dataset.range(10_000).shuffle(500, seed=3).repeat().batch(4)
+                .map(lambda x: (x, x)))
+
+    expected = [b.numpy() for b, _ in batches().take(40)]
+    strategy = tf.distribute.get_strategy()
+    first = ResumableInput(batches())
+    reader = iter(strategy.experimental_distribute_dataset(first.dataset.prefetch(3)))
+    consumed = [next(reader)[0].numpy() for _ in range(12)]
+    first.save(tmp_path / "old")  # read ahead of batch 12 by the prefetch
+    consumed += [next(reader)[0].numpy() for _ in range(8)]
+    first.save(tmp_path / "new")  # past batch 20 too
+    np.testing.assert_array_equal(consumed, expected[:20])
+
+    second = ResumableInput(batches())
+    skipped = second.restore([tmp_path / "new", tmp_path / "old"], 20)
+    assert 0 < skipped <= 8 + 3  # from the older state, not a replay of all 20
+    reader = iter(second.dataset)
+    resumed = [next(reader)[0].numpy() for _ in range(10)]
+    np.testing.assert_array_equal(resumed, expected[20:30])
+
+
+def test_best_checkpoint_keeps_the_best_step_and_survives_a_restart(tmp_path):
+    import keras
+
+    from trainers.validation import BestCheckpoint
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    exported = []
+    best = BestCheckpoint(tmp_path / "best", "bleu",
+                          export=lambda weights, folder: exported.append(len(weights)) or folder)
+    for step, bleu in [(10, 5.0), (20, 9.0), (30, 7.0)]:
+        best.offer(step, bleu, model)
+    assert [p.name for p in (tmp_path / "best").glob("*.h5")] == ["ckpt-00000020.weights.h5"]
+    assert exported == [2, 2]  # each improvement exported
+    again = BestCheckpoint(tmp_path / "best", "bleu")
+    assert not again.offer(40, 8.5, model) and again.offer(50, 9.5, model)
+    by_loss = BestCheckpoint(tmp_path / "by_loss", "loss")
+    for step, loss in [(10, 3.0), (20, 2.5), (30, 2.7)]:
+        by_loss.offer(step, loss, model)
+    assert json.loads((tmp_path / "by_loss/best.json").read_text())["step"] == 20

@@ -4,8 +4,14 @@
     vocab.model          the shared SentencePiece vocabulary
     checkpoints/         ckpt-<step>.weights.h5, the last K
     averaged.weights.h5  the average of the last N checkpoints (what evaluation translates with)
-    backup/              keras BackupAndRestore state (resumption after a kill)
-    logs/                TensorBoard
+    best/                ckpt-<step>.weights.h5 and best.json: the best validation step (and
+                         export/ with --export_on_best)
+    backup/<worker>/     the training state (weights, optimizer, input position) of the last
+                         two backups, for resumption after a kill; time.json, the time budget
+    logs/                TensorBoard: train/ and validation/ (Keras), eval/ (validation loss,
+                         perplexity, BLEU and chrF at the global step)
+    eval/                step-<step>.txt, the validation sentences translated during training,
+                         and scores.jsonl
     translations/        <split>.txt, and results.json with BLEU/chrF
 """
 
@@ -31,6 +37,22 @@ def read_run_config(model_dir):
     return kt.TransformerConfig.from_dict(data["model"]), data["run"]
 
 
+def check_same_shape(model_dir, config):
+    """Refuses (ConfigError) a `config` whose weights would not fit the model that
+    `model_dir` already holds, instead of overwriting its config.json."""
+    path = pathlib.Path(model_dir) / "config.json"
+    if not path.exists():
+        return
+    existing, _ = read_run_config(model_dir)
+    differences = existing.shape_differences(config)
+    if differences:
+        listed = ", ".join(f"{name} {theirs} (it has {mine})" for name, mine, theirs in differences)
+        raise kt.ConfigError(
+            f"--model_dir {model_dir} holds a model of another shape: this run asks for "
+            f"{listed}. Use a new --model_dir, or continue that run with its own settings: "
+            f"--config {path}.")
+
+
 def load_tokenizer(model_dir):
     return Tokenizer.load(pathlib.Path(model_dir) / "vocab.model")
 
@@ -39,6 +61,20 @@ def build_model(config):
     model = kt.Transformer(config)
     model.build()
     return model
+
+
+class WeightsCopy:
+    """A model of `config`, built on first use outside any distribution strategy, that
+    takes the weights of a training model: calling it with `model.get_weights()` returns it
+    with those weights (decoding and export trace the copy, not the training model)."""
+
+    def __init__(self, config):
+        self.config, self.model = config, None
+
+    def __call__(self, weights):
+        self.model = self.model or build_model(self.config)
+        self.model.set_weights(weights)
+        return self.model
 
 
 def best_weights(model_dir):

@@ -38,7 +38,8 @@ class TargetTokens(keras.metrics.Metric):
 
 class Throughput(keras.callbacks.Callback):
     """At each epoch end, adds to the logs `tokens_per_second` (real target tokens, all
-    replicas, per second of the epoch after its first batch, which holds tracing and warm-up)
+    replicas, per second of the epoch after its first batch, which holds tracing and warm-up;
+    the validation loss and any time given to `exclude` left out)
     and `real_token_share` (real target tokens over batches x `batch_tokens`), and logs both.
     Reads the token count twice an epoch: after the first batch and at the end."""
 
@@ -49,6 +50,18 @@ class Throughput(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start, self._tokens_at_start, self._batches = None, 0.0, 0
+        self._paused = 0.0
+
+    def exclude(self, seconds):
+        """Leaves `seconds` of this epoch (spent on something else) out of its timing."""
+        if self._start is not None:
+            self._paused += seconds
+
+    def on_test_begin(self, logs=None):  # the validation loss, within fit
+        self._test_start = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        self.exclude(time.perf_counter() - self._test_start)
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches = batch + 1
@@ -60,7 +73,7 @@ class Throughput(keras.callbacks.Callback):
         if logs is None or "target_tokens" not in logs or self._start is None:
             return
         tokens = float(logs["target_tokens"])
-        elapsed = time.perf_counter() - self._start
+        elapsed = time.perf_counter() - self._start - self._paused
         figures = {}
         if self._batches > self._first_batches:
             figures["tokens_per_second"] = (tokens - self._tokens_at_start) / max(elapsed, 1e-9)

@@ -1,6 +1,5 @@
 """Checkpoints every N steps or minutes (keeping the last K), resumption, and averaging (§6.1)."""
 
-import json
 import logging
 import pathlib
 import time
@@ -60,21 +59,14 @@ class PeriodicCheckpoint(HostStepCounter):
             self.save()
 
 
-def epochs_done(backup_dir):
-    """Epochs that `keras.callbacks.BackupAndRestore` recorded in `backup_dir` (0 if none)."""
-    metadata = pathlib.Path(backup_dir) / "training_metadata.json"
-    if not metadata.exists():
-        return 0
-    return int(json.loads(metadata.read_text())["epoch"])
-
-
 def average_checkpoints(model, paths):
     """Loads each checkpoint into `model` and sets its weights to their element-wise mean
     (§6.1: the last 5 checkpoints for base models, 20 for big). Returns the mean weights."""
     if not paths:
         raise FileNotFoundError("No checkpoints to average.")
     total = None
-    for path in paths:
+    for index, path in enumerate(paths):
+        logger.info("averaging: reading %s (%d of %d)", path.name, index + 1, len(paths))
         model.load_weights(path)
         weights = [np.asarray(w, np.float64) for w in model.get_weights()]
         total = weights if total is None else [t + w for t, w in zip(total, weights)]

@@ -1,10 +1,9 @@
-"""One place that turns `--strategy` into a `tf.distribute.Strategy`."""
+"""One place that turns `--strategy` into a `tf.distribute.Strategy`. TensorFlow is imported
+where it is used, so the command line can list the strategies without loading it."""
 
 import json
 import logging
 import os
-
-import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +17,8 @@ class StrategyError(RuntimeError):
 def split_cpu(count):
     """Splits the CPU into `count` logical devices (before TensorFlow initialises them), so
     MirroredStrategy can run `count` replicas on one machine without accelerators."""
+    import tensorflow as tf
+
     cpus = tf.config.list_physical_devices("CPU")
     try:
         tf.config.set_logical_device_configuration(
@@ -31,6 +32,8 @@ def resolve_strategy(name, tpu=None):
     local GPU (or logical CPU device); multi_worker: MultiWorkerMirroredStrategy from the
     TF_CONFIG environment variable; tpu: TPUStrategy on `tpu` (an address or name; "local"
     for a TPU VM)."""
+    import tensorflow as tf
+
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":
@@ -72,6 +75,8 @@ def resolve_strategy(name, tpu=None):
 
 def is_chief(strategy):
     """True on the worker that writes checkpoints, logs and results."""
+    import tensorflow as tf
+
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -81,6 +86,8 @@ def is_chief(strategy):
 
 
 def worker_id(strategy):
+    import tensorflow as tf
+
     resolver = getattr(strategy, "cluster_resolver", None)
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver:
         return f"{resolver.task_type}-{resolver.task_id}"

@@ -1,15 +1,22 @@
 """Train the Transformer on WMT 2014 English-German (or the embedded sample corpus, or your
 own files) under any tf.distribute strategy, then average checkpoints and report BLEU.
 
-    python -m trainers.wmt --strategy mirrored --dataset sample      # minutes, on a CPU
-    python -m trainers.wmt --strategy mirrored --preset base          # the paper's base model
+examples:
+  python -m trainers.wmt --strategy mirrored --dataset sample     # minutes, on a CPU
+  python -m trainers.wmt --strategy mirrored --preset base         # the paper's base model
+  python -m trainers.wmt --config run.yaml --train_steps 2000      # a file, one flag changed
+  python -m trainers.wmt --config runs/x/config.json --model_dir runs/y   # repeat a run
+  python -m trainers.wmt --model_dir runs/x --eval_only            # re-evaluate a run
 
-A killed run started again with the same command resumes where it was (BackupAndRestore plus
-a replay of the input pipeline to the same position). `--eval_only` re-evaluates a model_dir.
+A killed run started again with the same command resumes where it was: the weights, the
+optimizer and the input pipeline's position are backed up every --backup_every_steps.
+Validation loss and perplexity come every --steps_per_epoch steps, BLEU and chrF on the first
+--eval_sentences validation sentences every --eval_every_steps; best/ keeps the best step.
 """
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import pathlib
@@ -24,16 +31,20 @@ DATASET_DEFAULTS = {
     "sample": dict(preset="tiny", vocab_size=2000, batch_tokens=2048, max_train_length=64,
                    batching="concat",
                    train_steps=170, warmup_steps=130, lr_scale=0.5, steps_per_epoch=85,
-                   checkpoint_every_steps=34, average_last=2, eval_splits="test"),
+                   backup_every_steps=85, checkpoint_every_steps=34, average_last=2,
+                   eval_splits="test", eval_every_steps=85, eval_sentences=100),
     # §5: 25,000 source and 25,000 target tokens per batch, sequences up to 256 pieces.
     "wmt14": dict(preset="base", vocab_size=37000, batch_tokens=25000, max_train_length=256,
                   batching="packed",
-                  steps_per_epoch=1000, checkpoint_every_steps=None, average_last=None,
-                  eval_splits="validation,test"),
+                  steps_per_epoch=1000, backup_every_steps=250, checkpoint_every_steps=None,
+                  average_last=None, eval_splits="validation,test", eval_every_steps=5000,
+                  eval_sentences=500),
 }
 DATASET_DEFAULTS["files"] = dict(DATASET_DEFAULTS["wmt14"])
 SKIP_COUNTS = {}  # --dataset files: lines skipped per split, counted as the data is read
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
+PER_DATASET = "default per --dataset: "
 
 
 def _bool(text):
@@ -44,14 +55,44 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def build_parser():
-    from keras_transformer.config import PRESETS, TransformerConfig
-    from trainers.strategy import STRATEGIES
+def _per_dataset(key):
+    """`--help` text for a default that depends on --dataset."""
+    values = {name: defaults.get(key) for name, defaults in DATASET_DEFAULTS.items()}
+    return PER_DATASET + ", ".join(f"{name} {value}" for name, value in values.items())
 
-    parser = argparse.ArgumentParser(prog="python -m trainers.wmt",
-                                     description=__doc__.split("\n\n")[0])
+
+def _light_config():
+    """keras_transformer/config.py, loaded alone: the package's __init__ imports TensorFlow
+    (it registers the layers with Keras), and `--help` should answer at once."""
+    package = importlib.util.find_spec("keras_transformer").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("_keras_transformer_config",
+                                                  pathlib.Path(package) / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' layout and shows each flag's default after its help."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def build_parser():
+    config = _light_config()
+    parser = argparse.ArgumentParser(prog="python -m trainers.wmt", description=__doc__,
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="a .yaml or .json file of flag values (keys as the flags, without "
+                             "--), e.g. a run's own config.json; flags given here override it")
     run = parser.add_argument_group("distribution and precision")
-    run.add_argument("--strategy", choices=STRATEGIES, default="default")
+    run.add_argument("--strategy", choices=STRATEGIES, default="default",
+                     help="tf.distribute strategy: mirrored uses every local GPU (or "
+                          "--logical_cpus), multi_worker reads TF_CONFIG")
     run.add_argument("--tpu", default=None, help="TPU name or grpc:// address ('local' on a TPU VM)")
     run.add_argument("--logical_cpus", type=int, default=None,
                      help="split the CPU into N devices (mirrored replicas without GPUs)")
@@ -65,76 +106,184 @@ def build_parser():
     run.add_argument("--static_batches", action="store_true",
                      help="bucketed static shapes (implied by --strategy tpu)")
     run.add_argument("--batching", choices=("packed", "mixed", "concat"), default=None,
-                     help="packed: batches of one target length filling the budget (default); "
+                     help="packed: batches of one target length filling the budget; "
                           "mixed: batches of mixed lengths; concat: several pairs per row of "
-                          "--max_train_length tokens, kept apart by masks (default for "
-                          "--dataset sample)")
-    run.add_argument("--deterministic", action="store_true", help="enable op determinism")
-    run.add_argument("--seed", type=int, default=0)
+                          "--max_train_length tokens, kept apart by masks; "
+                          + _per_dataset("batching"))
+    run.add_argument("--deterministic", action="store_true",
+                     help="enable op determinism (a resumed run then ends with the same "
+                          "weights as an uninterrupted one)")
+    run.add_argument("--seed", type=int, default=0, help="seeds weights, dropout and shuffling")
 
     model = parser.add_argument_group("model (Table 3): a preset plus overrides")
-    model.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                       help="default: tiny for --dataset sample, base otherwise")
-    for field in dataclasses.fields(TransformerConfig):
+    model.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
+                       help="model size; " + _per_dataset("preset"))
+    for field in dataclasses.fields(config.TransformerConfig):
         kind = {bool: _bool, int: int, float: float, str: str}.get(field.type, int)  # int | None
         choices = ("sinusoidal", "learned") if field.name == "position" else None
         # A bare boolean flag (`--norm_first`) means true; `--norm_first false` also works.
         bare = dict(nargs="?", const=True) if kind is _bool else {}
-        model.add_argument(f"--{field.name}", type=kind, default=None, choices=choices, **bare)
+        by_preset = ", ".join(f"{name} {values.get(field.name, field.default)}"
+                              for name, values in config.PRESETS.items())
+        dataset_default = {name: d[field.name] for name, d in DATASET_DEFAULTS.items()
+                           if field.name in d}
+        note = f"default: the preset's ({by_preset})"
+        if dataset_default:
+            note += "; " + ", ".join(f"--dataset {n} {v}" for n, v in dataset_default.items())
+        model.add_argument(f"--{field.name}", type=kind, default=None, choices=choices,
+                           help=f"{config.FIELD_HELP[field.name]}; {note}", **bare)
 
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", choices=("wmt14", "sample", "files"), default="wmt14")
-    data.add_argument("--tfds_name", default="wmt14_translate/de-en")
+    data.add_argument("--dataset", choices=("wmt14", "sample", "files"), default="wmt14",
+                      help="wmt14: TFDS wmt14_translate; sample: the embedded sample corpus; "
+                           "files: --train_files etc.")
+    data.add_argument("--tfds_name", default="wmt14_translate/de-en", help="TFDS dataset name")
     data.add_argument("--data_dir", default=None, help="TFDS data_dir with a prepared copy")
-    data.add_argument("--source_language", default="en")
+    data.add_argument("--source_language", default="en", help="language translated from")
     data.add_argument("--target_language", default=None, help="default: the other language")
     for split in ("train", "validation", "test"):
         data.add_argument(f"--{split}_files", nargs="+", default=None, metavar="FILE",
                           help=f"--dataset files: the {split} split, one TSV or two aligned files")
     data.add_argument("--batch_tokens", type=int, default=None,
-                      help="source (and target) tokens per global batch, padding included")
+                      help="source (and target) tokens per global batch, padding included; "
+                           + _per_dataset("batch_tokens"))
     data.add_argument("--max_train_length", type=int, default=None,
-                      help="longest training source or target kept, in pieces (with BOS/EOS)")
+                      help="longest training source or target kept, in pieces (with BOS/EOS); "
+                           + _per_dataset("max_train_length"))
     data.add_argument("--cache_dir", default=str(pathlib.Path.home() / ".cache" / "keras-transformer"),
                       help="where vocabularies are cached")
 
     train = parser.add_argument_group("training")
     train.add_argument("--model_dir", default=None, help="default: runs/<dataset>-<preset>")
     train.add_argument("--lr_scale", type=float, default=None,
-                       help="multiplies the §5.3 learning rate (default 1, the paper)")
+                       help="multiplies the §5.3 learning rate; 1 is the paper; "
+                            + _per_dataset("lr_scale"))
     train.add_argument("--grad_accum", type=int, default=1,
                        help="accumulate gradients over N batches (N x batch_tokens per update)")
     train.add_argument("--steps_per_epoch", type=int, default=None,
-                       help="steps between progress summaries and BackupAndRestore saves")
-    train.add_argument("--checkpoint_every_steps", type=int, default=None)
+                       help="steps between validation losses (a multiple of "
+                            "--backup_every_steps); " + _per_dataset("steps_per_epoch"))
+    train.add_argument("--backup_every_steps", type=int, default=None,
+                       help="steps between backups of the training state (weights, optimizer, "
+                            "input position) and progress summaries; "
+                            + _per_dataset("backup_every_steps"))
+    train.add_argument("--checkpoint_every_steps", type=int, default=None,
+                       help="steps between the checkpoints that are averaged; "
+                            + _per_dataset("checkpoint_every_steps"))
     train.add_argument("--train_minutes", type=float, default=None,
                        help="stop training after M minutes (resumed runs continue the budget), "
                             "then average, evaluate and export as usual")
-    train.add_argument("--checkpoint_every_minutes", type=float, default=10.0)
-    train.add_argument("--keep_checkpoints", type=int, default=20)
+    train.add_argument("--checkpoint_every_minutes", type=float, default=10.0,
+                       help="also checkpoint every M minutes (the paper: 10)")
+    train.add_argument("--keep_checkpoints", type=int, default=20,
+                       help="checkpoints kept in model_dir/checkpoints")
     train.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
-                       help="Keras progress: 1 a bar (default on a terminal), 2 a line per epoch")
+                       help="Keras progress: 1 a bar (default on a terminal), 2 a line per "
+                            "backup interval (default otherwise)")
 
-    evaluate = parser.add_argument_group("evaluation")
-    evaluate.add_argument("--eval_only", action="store_true")
+    evaluate = parser.add_argument_group("evaluation during training")
     evaluate.add_argument("--no_validation", action="store_true",
-                          help="skip the validation loss at every --steps_per_epoch boundary "
-                               "(computed on the validation split when it exists)")
-    evaluate.add_argument("--no_eval", action="store_true")
-    evaluate.add_argument("--no_export", action="store_true",
-                          help="skip exporting the averaged model (model_dir/export/<version>)")
-    evaluate.add_argument("--average_last", type=int, default=None,
-                          help="checkpoints to average (default 5 for base, 20 for big)")
-    evaluate.add_argument("--eval_splits", default=None,
-                          help="comma-separated (default: test for sample, else validation,test)")
-    evaluate.add_argument("--eval_max_sentences", type=int, default=None)
-    evaluate.add_argument("--beam_size", type=int, default=4)
-    evaluate.add_argument("--alpha", type=float, default=0.6)
-    evaluate.add_argument("--max_extra", type=int, default=50)
-    evaluate.add_argument("--eval_batch_size", type=int, default=64)
-    evaluate.add_argument("--tokenized_bleu", action="store_true",
-                          help="also report the paper's tokenized BLEU with compound splitting")
+                          help="skip the validation loss and perplexity at every "
+                               "--steps_per_epoch boundary")
+    evaluate.add_argument("--eval_every_steps", type=int, default=None,
+                          help="translate the first --eval_sentences validation sentences and "
+                               "log BLEU and chrF every N steps (0: never); "
+                               + _per_dataset("eval_every_steps"))
+    evaluate.add_argument("--eval_sentences", type=int, default=None,
+                          help="validation sentences translated at every --eval_every_steps; "
+                               + _per_dataset("eval_sentences"))
+    evaluate.add_argument("--eval_beam_size", type=int, default=1,
+                          help="beam size of those translations (1: greedy)")
+    evaluate.add_argument("--best_metric", choices=("bleu", "loss"), default="bleu",
+                          help="what model_dir/best/ keeps the best step by (validation BLEU, "
+                               "or validation loss; loss when BLEU is not evaluated)")
+    evaluate.add_argument("--export_on_best", action="store_true",
+                          help="export best/ for TF Serving (best/export/<version>) each time "
+                               "it improves")
+
+    final = parser.add_argument_group("final evaluation")
+    final.add_argument("--eval_only", action="store_true",
+                       help="evaluate --model_dir (with the run's own settings) and stop")
+    final.add_argument("--no_eval", action="store_true", help="skip the final evaluation")
+    final.add_argument("--no_export", action="store_true",
+                       help="skip exporting the averaged model (model_dir/export/<version>)")
+    final.add_argument("--average_last", type=int, default=None,
+                       help="checkpoints to average (§6.1: 5 for base, 20 for big; 2 for "
+                            "--dataset sample)")
+    final.add_argument("--eval_splits", default=None,
+                       help="comma-separated; " + _per_dataset("eval_splits"))
+    final.add_argument("--eval_max_sentences", type=int, default=None,
+                       help="translate at most N sentences per split")
+    final.add_argument("--beam_size", type=int, default=4, help="§6.1 beam size")
+    final.add_argument("--alpha", type=float, default=0.6, help="§6.1 length penalty alpha")
+    final.add_argument("--max_extra", type=int, default=50,
+                       help="longest output: input length + N (§6.1)")
+    final.add_argument("--eval_batch_size", type=int, default=64, help="sentences per batch")
+    final.add_argument("--tokenized_bleu", action="store_true",
+                       help="also report the paper's tokenized BLEU with compound splitting")
     return parser
+
+
+def config_file_arguments(path, parser):
+    """The flags a --config file sets, as command-line words: a .yaml or .json mapping of flag
+    names (without --) to values, or a run's own config.json ({"model": ..., "run": ...}).
+    A file that cannot be used ends the program with `parser.error` naming it."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        parser.error(f"--config {path}: no such file.")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text) or {}
+        else:
+            values = json.loads(text)
+    except Exception as error:  # yaml.YAMLError, json.JSONDecodeError
+        parser.error(f"--config {path}: not valid {path.suffix[1:] or 'JSON'}: {error}")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values.")
+    if set(values) == {"model", "run"}:  # a run's own config.json
+        values = {**values["run"], **values["model"]}
+        for key in RUN_ONLY:
+            values.pop(key, None)
+    flags = {action.dest: action for action in parser._actions}
+    unknown = sorted(set(values) - set(flags) - {"help"})
+    if unknown:
+        parser.error(f"--config {path}: unknown keys {unknown}; the keys are the flags' names "
+                     "without -- (see --help).")
+    words = []
+    for key, value in values.items():
+        action = flags[key]
+        if value is None or key == "config":
+            continue
+        if action.nargs == 0:  # store_true
+            if value:
+                words.append(f"--{key}")
+            continue
+        words.append(f"--{key}")
+        words.extend(str(v) for v in value) if isinstance(value, list) else words.append(
+            str(value).lower() if isinstance(value, bool) else str(value))
+    return words
+
+
+# Settings of a run that describe the process rather than the run, left out when a run's
+# config.json is read back.
+RUN_ONLY = ("eval_only", "model_dir", "verbose", "config")
+
+
+def parse_arguments(argv=None):
+    """(args, given): the parsed flags, with a --config file's values under the command
+    line's, and the names of the flags the file or the command line set."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    first = parser.parse_args(argv)
+    words = (config_file_arguments(first.config, parser) if first.config else []) + argv
+    args = parser.parse_args(words)
+    for action in parser._actions:  # which flags were given: parse again without defaults
+        action.default = argparse.SUPPRESS
+    given = set(vars(parser.parse_args(words)))
+    return args, given
 
 
 def resolve_settings(args):
@@ -149,11 +298,16 @@ def resolve_settings(args):
     config = TransformerConfig.preset(preset, **overrides)
     settings = {k: v for k, v in vars(args).items() if k not in fields}
     for key in ("batch_tokens", "max_train_length", "lr_scale", "steps_per_epoch",
-                "checkpoint_every_steps", "average_last", "eval_splits", "batching"):
+                "backup_every_steps", "checkpoint_every_steps", "average_last", "eval_splits",
+                "batching", "eval_every_steps", "eval_sentences"):
         if settings.get(key) is None:
             settings[key] = defaults.get(key)
     settings["lr_scale"] = settings["lr_scale"] or 1.0
     settings["steps_per_epoch"] = min(settings["steps_per_epoch"], config.train_steps)
+    if args.backup_every_steps is None:  # the largest divisor of an epoch up to the default
+        settings["backup_every_steps"] = max(
+            n for n in range(1, min(settings["backup_every_steps"], settings["steps_per_epoch"]) + 1)
+            if settings["steps_per_epoch"] % n == 0)
     settings["average_last"] = settings["average_last"] or (20 if preset == "big" else 5)
     settings["preset"] = preset
     if settings["verbose"] is None:
@@ -169,14 +323,21 @@ def resolve_settings(args):
     if config.train_steps % settings["steps_per_epoch"]:
         raise ConfigError(f"--train_steps {config.train_steps} must be a multiple of "
                          f"--steps_per_epoch {settings['steps_per_epoch']}.")
+    backup = settings["backup_every_steps"]
+    if backup < 1 or settings["steps_per_epoch"] % backup:
+        raise ConfigError(f"--backup_every_steps {backup} must be at least 1 and divide "
+                          f"--steps_per_epoch {settings['steps_per_epoch']}.")
+    if settings["eval_beam_size"] < 1:
+        raise ConfigError(f"--eval_beam_size {settings['eval_beam_size']}: at least 1 "
+                          "(1 decodes greedily).")
     if settings["max_train_length"] > config.max_length:
         raise ConfigError(f"--max_train_length {settings['max_train_length']} is longer than the "
                           f"model's positions (--max_length {config.max_length}): raise "
                           "--max_length or lower --max_train_length.")
     spe = settings["steps_per_execution"]
-    if spe < 1 or (settings["steps_per_epoch"] * settings["grad_accum"]) % spe:
+    if spe < 1 or (backup * settings["grad_accum"]) % spe:
         raise ConfigError(f"--steps_per_execution {spe} must be at least 1 and divide the "
-                          f"batches of an epoch ({settings['steps_per_epoch']} x --grad_accum "
+                          f"batches between backups ({backup} x --grad_accum "
                           f"{settings['grad_accum']}).")
     if settings["train_minutes"] is not None and settings["strategy"] == "multi_worker":
         raise ConfigError("--train_minutes is not supported with --strategy multi_worker yet: "
@@ -242,6 +403,8 @@ def validation_batches(settings, config, strategy, tokenizer, static, options):
     """The validation split in length-sorted batches of the training budget (in a fixed
     order; pairs over --max_train_length left out, as in training), for Keras' validation loss
     at every epoch end; None without one."""
+    import tensorflow as tf
+
     from keras_transformer.data import corpora, pipeline
 
     if settings["no_validation"] or (settings["dataset"] == "files"
@@ -257,26 +420,87 @@ def validation_batches(settings, config, strategy, tokenizer, static, options):
         max_length=settings["max_train_length"],
         shuffle=False, static=static, num_replicas=strategy.num_replicas_in_sync,
         pad_id=config.pad_id)
-    return dataset.with_options(options)
+    # Counted once, so that Keras knows where the split ends (else it warns that the input
+    # "ran out of data" at every validation).
+    count = int(dataset.reduce(0, lambda count, _: count + 1))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count)).with_options(options)
 
 
-def make_callbacks(settings, schedule, model_dir, chief, worker, budget=None):
+def validation_translation(settings, config, tokenizer, model_dir, best):
+    """The callback that translates the first --eval_sentences validation sentences every
+    --eval_every_steps and scores them; None when that is off or there is no validation split."""
+    from keras_transformer.data import corpora
+    from keras_transformer.translator import Translator
+    from trainers import artifacts
+    from trainers.evaluation import score
+    from trainers.validation import ValidationTranslation
+
+    if not settings["eval_every_steps"] or not settings["eval_sentences"]:
+        return None
+    try:
+        pairs = split_pairs(settings, "validation").take(settings["eval_sentences"])
+        pairs = list(pairs.as_numpy_iterator())
+    except corpora.DataError as error:
+        print(f"No BLEU during training: {error}", flush=True)
+        return None
+    copy, translators = artifacts.WeightsCopy(config), []
+
+    def make_translator(weights):  # one Translator, so its traced decoding is reused
+        model = copy(weights)
+        if not translators:
+            translators.append(Translator(model, tokenizer, beam_size=settings["eval_beam_size"],
+                                          alpha=settings["alpha"], max_extra=settings["max_extra"],
+                                          batch_size=settings["eval_batch_size"]))
+        return translators[0]
+
+    return ValidationTranslation(
+        settings["eval_every_steps"], [s.decode("utf-8") for s, _ in pairs],
+        [t.decode("utf-8") for _, t in pairs], make_translator,
+        lambda hypotheses, references: score(hypotheses, references), model_dir / "eval",
+        model_dir / "logs" / "eval", best)
+
+
+def best_checkpoint(settings, config, model_dir, bleu_evaluated, validated):
+    """best/ by --best_metric (loss when BLEU is not evaluated); None without validation."""
+    from trainers import artifacts
+    from trainers.validation import BestCheckpoint
+
+    metric = settings["best_metric"] if bleu_evaluated else "loss"
+    if metric == "loss" and not validated:
+        return None
+    export = None
+    if settings["export_on_best"]:
+        from export.saved_model import export as export_saved_model
+
+        copy = artifacts.WeightsCopy(config)
+
+        def export(weights, folder):
+            return export_saved_model(copy(weights), model_dir / "vocab.model", folder,
+                                      beam_size=settings["beam_size"], alpha=settings["alpha"],
+                                      max_extra=settings["max_extra"])
+    return BestCheckpoint(model_dir / "best", metric, export)
+
+
+def make_callbacks(settings, config, tokenizer, schedule, model_dir, chief, worker,
+                   resumable_input, validated, budget=None):
     import keras
 
     import keras_transformer as kt
+    from trainers.backup import TrainingBackup
     from trainers.callbacks import Throughput
     from trainers.checkpoints import PeriodicCheckpoint
+    from trainers.validation import ValidationLoss
 
+    throughput = Throughput(settings["batch_tokens"])
     callbacks = [
-        # First: it restores the weights and the optimizer's step the others count from.
-        keras.callbacks.BackupAndRestore(str(model_dir / "backup" / worker),
-                                         save_freq="epoch", delete_checkpoint=False),
         kt.ScheduleCallback(schedule),
-        Throughput(settings["batch_tokens"]),
+        throughput,
         keras.callbacks.TerminateOnNaN(),
         PeriodicCheckpoint(checkpoint_dir(model_dir, chief, worker),
                            settings["checkpoint_every_steps"],
                            settings["checkpoint_every_minutes"], settings["keep_checkpoints"]),
+        TrainingBackup(model_dir / "backup" / worker, resumable_input,
+                       settings["backup_every_steps"] * settings["grad_accum"]),
     ]
     if budget is not None:
         callbacks.append(budget)
@@ -284,6 +508,14 @@ def make_callbacks(settings, schedule, model_dir, chief, worker, budget=None):
         # update_freq="epoch": with a step count, Keras 3.15 records no epoch summaries (no
         # validation loss, no learning rate) unless the epoch ends on a multiple of it.
         callbacks.append(keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq="epoch"))
+        translation = validation_translation(settings, config, tokenizer, model_dir, None)
+        best = best_checkpoint(settings, config, model_dir, translation is not None, validated)
+        if translation is not None:
+            translation.best, translation.on_pause = best, throughput.exclude
+            callbacks.append(translation)
+        if validated:
+            callbacks.append(ValidationLoss(model_dir / "logs" / "eval",
+                                            settings["backup_every_steps"], best))
     return callbacks
 
 
@@ -293,8 +525,9 @@ def train(settings, config, strategy, tokenizer, model_dir):
 
     import keras_transformer as kt
     from keras_transformer.data import pipeline
+    from trainers.backup import restore_backup
     from trainers.callbacks import TargetTokens, Throughput, TimeBudget
-    from trainers.checkpoints import epochs_done
+    from trainers.resumable_input import ResumableInput
     from trainers.strategy import is_chief, worker_id
 
     chief, worker = is_chief(strategy), worker_id(strategy)
@@ -307,28 +540,37 @@ def train(settings, config, strategy, tokenizer, model_dir):
             gradient_accumulation_steps=settings["grad_accum"] if settings["grad_accum"] > 1 else None)
         model.compile(optimizer=optimizer,
                       loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
-                      metrics=[kt.MaskedTokenAccuracy(config.pad_id), TargetTokens(config.pad_id)],
+                      metrics=[kt.MaskedTokenAccuracy(config.pad_id), kt.Perplexity(config.pad_id),
+                               TargetTokens(config.pad_id)],
                       jit_compile=settings["jit_compile"],
                       steps_per_execution=settings["steps_per_execution"])
     static = settings["static_batches"] or isinstance(strategy, tf.distribute.TPUStrategy)
     stats = pipeline.PipelineStats()
-    dataset = pipeline.make_dataset(
+    options = tf.data.Options()
+    options.deterministic = True
+    # The pipeline's counters (PipelineStats) are not part of the stream a backup restores.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    batches = pipeline.make_dataset(
         split_pairs(settings, "train"), tokenizer, batch_tokens=settings["batch_tokens"],
         max_length=settings["max_train_length"], seed=settings["seed"], static=static,
         num_replicas=strategy.num_replicas_in_sync, repeat=True, stats=stats, pad_id=config.pad_id,
         batching=settings["batching"])
+    resumable_input = ResumableInput(batches.with_options(options))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
-    dataset = dataset.with_options(options)
+    dataset = resumable_input.dataset.with_options(options)
 
-    steps_per_epoch = settings["steps_per_epoch"]
-    done = epochs_done(model_dir / "backup" / worker)
-    epochs = config.train_steps // steps_per_epoch
-    if done:
-        print(f"Resuming after epoch {done} (step {done * steps_per_epoch}): replaying the "
-              "input pipeline to that position.", flush=True)
-        dataset = dataset.skip(done * steps_per_epoch * settings["grad_accum"])
+    # A Keras epoch is one backup interval; validation comes every --steps_per_epoch.
+    interval = settings["backup_every_steps"]
+    epochs = config.train_steps // interval
+    done = 0
+    restored = restore_backup(model_dir / "backup" / worker, model, resumable_input)
+    if restored:
+        done = restored["epoch"]
+        print(f"Resumed at step {restored['step']}: weights, optimizer and input position "
+              f"restored in {restored['seconds']:.1f} s ({restored['skipped']} batches read "
+              "again to reach the position)", flush=True)
     budget = None
     if settings["train_minutes"] is not None:
         budget = TimeBudget(settings["train_minutes"], model_dir / "backup" / worker / "time.json")
@@ -337,12 +579,15 @@ def train(settings, config, strategy, tokenizer, model_dir):
                   "no more training.", flush=True)
             done = epochs
     if done < epochs:
-        callbacks = make_callbacks(settings, schedule, model_dir, chief, worker, budget)
+        validation = validation_batches(settings, config, strategy, tokenizer, static, options)
+        callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, chief,
+                                   worker, resumable_input, validation is not None, budget)
         start = time.monotonic()
-        model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch * settings["grad_accum"],
+        model.fit(dataset, epochs=epochs, initial_epoch=done,
+                  steps_per_epoch=interval * settings["grad_accum"],
                   callbacks=callbacks, verbose=settings["verbose"], shuffle=False,
-                  validation_data=validation_batches(settings, config, strategy, tokenizer,
-                                                     static, options))
+                  validation_data=validation,
+                  validation_freq=settings["steps_per_epoch"] // interval)
         throughput = next(c for c in callbacks if isinstance(c, Throughput))
         summary = {**throughput.summary(), "fit_seconds": time.monotonic() - start,
                    "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
@@ -377,6 +622,11 @@ def evaluate(settings, config, tokenizer, model_dir, model=None):
     checkpoints.average_checkpoints(model, chosen)
     model.save_weights(model_dir / "averaged.weights.h5")
     print(f"Averaged {len(chosen)} checkpoint(s): {', '.join(p.name for p in chosen)}")
+    best = model_dir / "best" / "best.json"
+    if best.exists():
+        record = json.loads(best.read_text())
+        print(f"Best during training: step {record['step']}, validation {record['metric']} "
+              f"{record['value']:.4g} (in {best.parent})")
 
     translator = Translator(model, tokenizer, beam_size=settings["beam_size"],
                             alpha=settings["alpha"], max_extra=settings["max_extra"],
@@ -420,13 +670,28 @@ def evaluate(settings, config, tokenizer, model_dir, model=None):
 
 
 def run(argv=None):
-    args = build_parser().parse_args(argv)
+    """The job that `argv` (the command line's words) describes. Returns {split: scores}
+    from the final evaluation, or None."""
+    return run_parsed(*parse_arguments(argv))
+
+
+def run_parsed(args, given=()):
+    """`run` for parsed flags; `given` names the flags set by the command line or --config
+    (with --eval_only the run's own settings fill in the others)."""
+    from trainers import artifacts
+
+    if args.eval_only:
+        model_dir = pathlib.Path(args.model_dir or f"runs/{args.dataset}-{args.preset or 'base'}")
+        saved_config, saved = artifacts.read_run_config(model_dir)
+        for key, value in {**saved, **saved_config.to_dict()}.items():
+            if key not in given and key not in RUN_ONLY and hasattr(args, key):
+                setattr(args, key, value)
+        args.model_dir = str(model_dir)
     config, settings = resolve_settings(args)
 
     import keras
     import tensorflow as tf
 
-    from trainers import artifacts
     from trainers.strategy import is_chief, resolve_strategy, split_cpu
 
     if settings["logical_cpus"]:
@@ -444,15 +709,12 @@ def run(argv=None):
     model_dir = pathlib.Path(settings["model_dir"])
 
     if settings["eval_only"]:
-        config, saved = artifacts.read_run_config(model_dir)
-        settings["dataset"] = saved["dataset"]  # evaluate on what the model was trained for
-        for key in ("tfds_name", "source_language", "target_language", "data_dir",
-                    "validation_files", "test_files"):
-            settings[key] = settings.get(key) or saved.get(key)
+        config, _ = artifacts.read_run_config(model_dir)
         return evaluate(settings, config, artifacts.load_tokenizer(model_dir), model_dir)
 
     tokenizer = get_tokenizer(settings, config, model_dir)
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+    artifacts.check_same_shape(model_dir, config)
     if is_chief(strategy):
         tokenizer.save(model_dir / "vocab.model")
         artifacts.write_run_config(model_dir, config, settings)
@@ -469,6 +731,7 @@ def run(argv=None):
 
 
 def main(argv=None):
+    args, given = parse_arguments(argv)  # --help ends here, before TensorFlow is imported
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "tensorflow"):  # SavedModel tracing chatter
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -477,7 +740,7 @@ def main(argv=None):
     from trainers.strategy import StrategyError
 
     try:
-        run(argv)
+        run_parsed(args, given)
     except (ConfigError, DataError, StrategyError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,94 @@
+"""Backups of the training state, for a run that is killed and started again: the weights
+with the optimizer's state, and the input position (see resumable_input.py)."""
+
+import json
+import logging
+import pathlib
+import shutil
+import time
+
+from keras_transformer.config import ConfigError
+from keras_transformer.schedule import HostStepCounter
+
+logger = logging.getLogger(__name__)
+
+# The input state is saved this many batches before each backup: Keras reads a few batches
+# ahead, and a state taken at the backup itself would lie past the batch a resume needs.
+INPUT_LEAD = 8
+
+
+def completed_backups(directory):
+    """The complete backup folders in `directory`, oldest first."""
+    return sorted(p for p in pathlib.Path(directory).glob("epoch-*")
+                  if p.is_dir() and not p.name.endswith(".partial"))
+
+
+def backup_metadata(directory):
+    """The newest complete backup's metadata ({"epoch", "batches", "step"}), or None."""
+    found = completed_backups(directory)
+    return json.loads((found[-1] / "metadata.json").read_text()) if found else None
+
+
+class TrainingBackup(HostStepCounter):
+    """Backs up the training state at the end of every Keras epoch (every
+    --backup_every_steps): the weights with the optimizer (one .weights.h5), the input
+    position, the epoch and the batches read. Each backup is written to a fresh folder and then
+    renamed, so a kill while saving leaves the previous one whole; the newest two are kept.
+    A Keras epoch cut short (the time budget) is not backed up: a resume starts from the last
+    whole one."""
+
+    def __init__(self, directory, resumable_input, batches_per_epoch):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.input = resumable_input
+        self.batches_per_epoch = batches_per_epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._input_saved = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if not self._input_saved and batch + 1 >= self.batches_per_epoch - INPUT_LEAD:
+            self.input.save(self.directory / "pending" / "input")
+            self._input_saved = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._seen_in_epoch < self.batches_per_epoch:
+            return
+        start = time.monotonic()
+        target = self.directory / f"epoch-{epoch + 1:06d}"
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        (self.directory / "pending").rename(partial)
+        self.model.save_weights(partial / "state.weights.h5")
+        (partial / "metadata.json").write_text(json.dumps(
+            {"epoch": epoch + 1, "batches": self._micro_batches, "step": self.step}))
+        partial.rename(target)
+        for old in completed_backups(self.directory)[:-2]:
+            shutil.rmtree(old)
+        logger.info("backed up step %d in %.1f s", self.step, time.monotonic() - start)
+
+
+def restore_backup(directory, model, resumable_input):
+    """Loads the newest backup in `directory` into `model` (weights and optimizer) and
+    positions `resumable_input` after the batches it had read. Returns its metadata (None
+    when there is no backup: a fresh start)."""
+    found = completed_backups(directory)
+    if not found:
+        if (pathlib.Path(directory) / "training_metadata.json").exists():
+            raise ConfigError(
+                f"{directory} holds a backup written by an earlier keras-transformer "
+                "(keras.callbacks.BackupAndRestore), which this version cannot resume: finish "
+                "that run with the version that started it, or use a new --model_dir.")
+        return None
+    start = time.monotonic()
+    metadata = json.loads((found[-1] / "metadata.json").read_text())
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.load_weights(found[-1] / "state.weights.h5")
+    skipped = resumable_input.restore([p / "input" for p in reversed(found)],
+                                      metadata["batches"])
+    metadata.update(skipped=skipped, seconds=time.monotonic() - start)
+    return metadata
