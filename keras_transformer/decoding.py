@@ -18,9 +18,17 @@ import tensorflow as tf
 DEAD = -1e9
 
 
-def length_penalty(length, alpha):
-    """The GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha; scores are divided by it."""
-    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+PENALTIES = ("gnmt", "length")
+
+
+def length_penalty(length, alpha, penalty="gnmt"):
+    """What scores are divided by: "gnmt", the paper's lp(Y) = ((5 + |Y|) / 6) ** alpha (§6.1,
+    from Wu et al. 2016, |Y| counting EOS); "length", |Y| ** alpha (|Y| not counting EOS:
+    CTranslate2's and fairseq's normalization; the caller passes the length without EOS)."""
+    length = tf.cast(length, tf.float32)
+    if penalty == "length":
+        return tf.pow(length, alpha)
+    return tf.pow((5.0 + length) / 6.0, alpha)
 
 
 def _setup(model, source_ids, max_extra, copies):
@@ -170,7 +178,7 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
 
 
 def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, max_extra=50,
-                return_attention=False, jit_compile=False, use_cache=True):
+                penalty="gnmt", return_attention=False, jit_compile=False, use_cache=True):
     """Beam search with the GNMT length penalty, as the paper decodes (§6.1: beam 4,
     alpha 0.6, at most input length + 50 tokens, early termination).
 
@@ -183,6 +191,8 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
 
     With alpha > 0 a beam of 1 can differ from greedy search: after the best token is EOS it
     keeps extending the runner-up while a longer hypothesis could still score higher.
+    `penalty="length"` divides by |Y| ** alpha instead (see `length_penalty`), as CTranslate2
+    does.
     `return_attention`, `jit_compile` and `use_cache` are as in `greedy_search`.
 
     `beam_size`, `alpha` and `max_extra` may be tensors (a serving signature takes them per
@@ -193,11 +203,14 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
         by config.max_length), "scores" [B, K] (length-normalised log-probabilities) and, if
         asked, "attention" [B, K, L, S].
     """
-    settings = (bos_id, eos_id, beam_size, alpha, max_extra, return_attention, use_cache,
-                jit_compile)
+    if penalty not in PENALTIES:
+        raise ValueError(f"penalty={penalty!r}: choose one of {PENALTIES}.")
+    settings = (bos_id, eos_id, beam_size, alpha, max_extra, penalty, return_attention,
+                use_cache, jit_compile)
     function = _cached(model, "beam", settings, lambda ids: beam_search(
         model, ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
-        max_extra=max_extra, return_attention=return_attention, use_cache=use_cache))
+        max_extra=max_extra, penalty=penalty, return_attention=return_attention,
+        use_cache=use_cache))
     if function is not None:
         return function(source_ids)
 
@@ -205,7 +218,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
     source_width = tf.shape(memory)[1]
     cache, fixed = _init_cache(model, memory, max_steps, use_cache)
-    limit_penalty = length_penalty(limits, alpha)
+    limit_penalty = length_penalty(limits, alpha, penalty)  # the most any continuation gets
     beam_offsets = (tf.range(batch) * k)[:, None]
     attention_width = source_width if return_attention else 0
 
@@ -237,7 +250,11 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
         tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [batch * k])
 
         # The K best finished hypotheses so far, the new ones filed among them.
-        new_scores = tf.where(ends & live, top_log_probs / length_penalty(i + 1, alpha), DEAD)
+        lengths = i + 1
+        if penalty == "length":
+            lengths = lengths - tf.cast(tf.equal(top_tokens, eos_id), tf.int32)
+        new_scores = tf.where(ends & live,
+                              top_log_probs / length_penalty(lengths, alpha, penalty), DEAD)
         finished_scores, best = tf.math.top_k(tf.concat([finished_scores, new_scores], 1), k)
         finished_seq = tf.gather(tf.concat([finished_seq, top_seq], 1), best, batch_dims=1)
         if return_attention:

@@ -86,6 +86,13 @@ class Tokenizer:
         path.write_bytes(self.model_proto)
         return path
 
+    def pieces(self):
+        """Every piece of the vocabulary, as text, in id order."""
+        import sentencepiece
+
+        processor = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
+        return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
     def tokenize(self, strings):
         return self._ops().tokenize(tf.strings.strip(strings))
 

@@ -19,14 +19,15 @@ class Translator:
     Sentences are tokenized (source + EOS), cut to `max_input_length` tokens (the EOS kept),
     sorted by length and decoded `batch_size` at a time, padded to a multiple of 8 so that few
     shapes are traced; the results come back in the order given. `beam_size=1` decodes
-    greedily.
+    greedily; `penalty` is the length penalty's form (see `decoding.length_penalty`).
     """
 
     def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra=50,
-                 batch_size=32, max_input_length=None, jit_compile=False):
+                 batch_size=32, max_input_length=None, jit_compile=False, penalty="gnmt"):
         tokenizer.check_padding(model.config)
         self.model, self.tokenizer = model, tokenizer
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
+        self.penalty = penalty
         self.batch_size, self.jit_compile = batch_size, jit_compile
         self.max_input_length = max_input_length or model.config.max_length - max_extra
         if self.max_input_length < 1:
@@ -41,7 +42,7 @@ class Translator:
         if self.beam_size == 1:
             return greedy_search(self.model, source_ids, **settings)["sequences"]
         result = beam_search(self.model, source_ids, beam_size=self.beam_size,
-                             alpha=self.alpha, **settings)
+                             alpha=self.alpha, penalty=self.penalty, **settings)
         return result["sequences"][:, 0]
 
     def encode(self, texts):

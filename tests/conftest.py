@@ -55,3 +55,27 @@ def sample_tokenizer():
 
     pairs = sample_corpus.sample_pairs("train")
     return Tokenizer.train((s for pair in pairs for s in pair), 2000)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_module(module, *args, env=None, **kwargs):
+    """`python -m module args...` from the repository root, CPU only, output captured."""
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+                   **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory):
+    """The README's main job, run once for every test that reads what it leaves:
+    (model_dir, the finished process)."""
+    model_dir = tmp_path_factory.mktemp("main_job") / "run"
+    result = run_module("trainers.wmt", "--strategy", "mirrored", "--dataset", "sample",
+                        "--model_dir", str(model_dir), timeout=1500)
+    return model_dir, result

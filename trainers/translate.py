@@ -3,6 +3,10 @@
     python -m trainers.translate --model_dir runs/sample-tiny "The dog sleeps."
     python -m trainers.translate --model_dir runs/wmt14-base --input news.en --output news.de
     cat news.en | python -m trainers.translate --model_dir runs/wmt14-base
+    python -m trainers.translate --engine ctranslate2 --model_dir models/ct2 "The dog sleeps."
+
+--engine ctranslate2 reads a model converted by `python -m export.ctranslate2` (its beam
+search divides scores by |Y| ** alpha, not by the paper's GNMT penalty).
 """
 
 import argparse
@@ -10,10 +14,29 @@ import logging
 import sys
 
 
+def make_translator(args):
+    """The engine's translator (both have `translate(texts)`)."""
+    settings = dict(beam_size=args.beam_size, alpha=args.alpha, max_extra=args.max_extra,
+                    batch_size=args.batch_size)
+    if args.engine == "ctranslate2":
+        from export.ctranslate2 import CTranslate2Translator
+
+        return CTranslate2Translator(args.model_dir, compute_type=args.compute_type, **settings)
+    from keras_transformer.translator import Translator
+    from trainers import artifacts
+
+    model, tokenizer, _ = artifacts.load_trained(args.model_dir, args.weights)
+    return Translator(model, tokenizer, **settings)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m trainers.translate",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--model_dir", required=True,
+                        help="a trained run (--engine tensorflow) or a CTranslate2 export")
+    parser.add_argument("--engine", choices=("tensorflow", "ctranslate2"), default="tensorflow")
+    parser.add_argument("--compute_type", default="default",
+                        help="--engine ctranslate2: e.g. int8, float32 (default: as converted)")
     parser.add_argument("--weights", default=None,
                         help="default: averaged.weights.h5, else the newest checkpoint")
     parser.add_argument("--input", default=None, help="one sentence per line (default: stdin)")
@@ -26,13 +49,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from keras_transformer.translator import Translator
-    from keras_transformer.config import ConfigError
-    from trainers import artifacts
-
     try:
-        model, tokenizer, _ = artifacts.load_trained(args.model_dir, args.weights)
-    except (FileNotFoundError, ConfigError) as error:
+        translator = make_translator(args)
+    except ImportError as error:
+        if args.engine != "ctranslate2":
+            raise
+        print(f'error: {error}: pip install -e ".[ctranslate2]"', file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as error:  # ConfigError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.sentences:
@@ -41,8 +65,6 @@ def main(argv=None):
         source = open(args.input, encoding="utf-8") if args.input else sys.stdin
         with source:
             lines = [line.rstrip("\n") for line in source]
-    translator = Translator(model, tokenizer, beam_size=args.beam_size, alpha=args.alpha,
-                            max_extra=args.max_extra, batch_size=args.batch_size)
     output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with output if args.output else open(1, "w", closefd=False, encoding="utf-8") as out:
         for translation in translator.translate(lines):
