@@ -32,6 +32,11 @@ from benchmarks import save
 from keras_transformer.decoding import beam_search, greedy_search
 
 
+# CTranslate2's OpenMP threads spin for a while after each call (Intel OpenMP: 200 ms): the
+# next variant waits that long untimed instead of sharing the cores with them.
+OPENMP_SPIN_SECONDS = 0.3
+
+
 def generated_tokens(output):
     """Tokens generated: ours return dicts of sequences (padding 0, never generated); the peer
     returns BOS and then its fixed number of steps (which may include id 0); CTranslate2 a
@@ -150,6 +155,8 @@ def run_one(preset, batch, source_length, new_tokens, repeats):
     for _ in range(repeats):  # alternate, so drift hits every variant alike
         for variant_times, variant in zip(times, variants):
             variant_times.append(time_once(variant[-1]))
+            if variant[0] == "CTranslate2":
+                time.sleep(OPENMP_SPIN_SECONDS)
     for (library, search, mode, xla, beams, fn), variant_times in zip(variants, times):
         seconds = statistics.median(variant_times)
         rows.append({"preset": preset, "batch": batch, "library": library, "search": search,
