@@ -82,7 +82,7 @@ def assert_same_weights(a, b, atol=0.0, skip=()):
 @pytest.mark.slow
 def test_main_job_on_the_sample_corpus(main_job):
     """The README's main job, as a newcomer runs it: 170 steps of `tiny` (measured: test
-    BLEU 88.8, chrF 94.5, 5 min 40 s on 2 cores)."""
+    BLEU 88.8, chrF 94.5, 4 min 47 s on 2 cores)."""
     run_dir, result = main_job
     tmp_path = run_dir.parent
     assert result.returncode == 0, result.stderr[-3000:]
