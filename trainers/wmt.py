@@ -261,9 +261,9 @@ def config_file_arguments(path, parser):
             if value:
                 words.append(f"--{key}")
             continue
-        words.append(f"--{key}")
-        words.extend(str(v) for v in value) if isinstance(value, list) else words.append(
-            str(value).lower() if isinstance(value, bool) else str(value))
+        values_given = value if isinstance(value, list) else [value]
+        words += [f"--{key}"] + [str(v).lower() if isinstance(v, bool) else str(v)
+                                 for v in values_given]
     return words
 
 
@@ -468,17 +468,17 @@ def best_checkpoint(settings, config, model_dir, bleu_evaluated, validated):
     metric = settings["best_metric"] if bleu_evaluated else "loss"
     if metric == "loss" and not validated:
         return None
-    export = None
-    if settings["export_on_best"]:
-        from export.saved_model import export as export_saved_model
+    if not settings["export_on_best"]:
+        return BestCheckpoint(model_dir / "best", metric)
+    from export.saved_model import export
 
-        copy = artifacts.WeightsCopy(config)
+    copy = artifacts.WeightsCopy(config)
 
-        def export(weights, folder):
-            return export_saved_model(copy(weights), model_dir / "vocab.model", folder,
-                                      beam_size=settings["beam_size"], alpha=settings["alpha"],
-                                      max_extra=settings["max_extra"])
-    return BestCheckpoint(model_dir / "best", metric, export)
+    def export_best(weights, folder):
+        return export(copy(weights), model_dir / "vocab.model", folder,
+                      beam_size=settings["beam_size"], alpha=settings["alpha"],
+                      max_extra=settings["max_extra"])
+    return BestCheckpoint(model_dir / "best", metric, export_best)
 
 
 def make_callbacks(settings, config, tokenizer, schedule, model_dir, chief, worker,
@@ -681,7 +681,8 @@ def run_parsed(args, given=()):
     from trainers import artifacts
 
     if args.eval_only:
-        model_dir = pathlib.Path(args.model_dir or f"runs/{args.dataset}-{args.preset or 'base'}")
+        preset = args.preset or DATASET_DEFAULTS[args.dataset]["preset"]
+        model_dir = pathlib.Path(args.model_dir or f"runs/{args.dataset}-{preset}")
         saved_config, saved = artifacts.read_run_config(model_dir)
         for key, value in {**saved, **saved_config.to_dict()}.items():
             if key not in given and key not in RUN_ONLY and hasattr(args, key):
