@@ -426,12 +426,12 @@ def validation_batches(settings, config, strategy, tokenizer, static, options):
     return dataset.apply(tf.data.experimental.assert_cardinality(count)).with_options(options)
 
 
-def validation_translation(settings, config, tokenizer, model_dir, best):
+def validation_translation(settings, tokenizer, model_dir, copy):
     """The callback that translates the first --eval_sentences validation sentences every
-    --eval_every_steps and scores them; None when that is off or there is no validation split."""
+    --eval_every_steps (with `copy`, a `WeightsCopy`) and scores them; None when that is off or
+    there is no validation split."""
     from keras_transformer.data import corpora
     from keras_transformer.translator import Translator
-    from trainers import artifacts
     from trainers.evaluation import score
     from trainers.validation import ValidationTranslation
 
@@ -443,7 +443,7 @@ def validation_translation(settings, config, tokenizer, model_dir, best):
     except corpora.DataError as error:
         print(f"No BLEU during training: {error}", flush=True)
         return None
-    copy, translators = artifacts.WeightsCopy(config), []
+    translators = []
 
     def make_translator(weights):  # one Translator, so its traced decoding is reused
         model = copy(weights)
@@ -457,12 +457,12 @@ def validation_translation(settings, config, tokenizer, model_dir, best):
         settings["eval_every_steps"], [s.decode("utf-8") for s, _ in pairs],
         [t.decode("utf-8") for _, t in pairs], make_translator,
         lambda hypotheses, references: score(hypotheses, references), model_dir / "eval",
-        model_dir / "logs" / "eval", best)
+        model_dir / "logs" / "eval")
 
 
-def best_checkpoint(settings, config, model_dir, bleu_evaluated, validated):
-    """best/ by --best_metric (loss when BLEU is not evaluated); None without validation."""
-    from trainers import artifacts
+def best_checkpoint(settings, model_dir, copy, bleu_evaluated, validated):
+    """best/ by --best_metric (loss when BLEU is not evaluated), exported with `copy` (a
+    `WeightsCopy`) under --export_on_best; None without validation."""
     from trainers.validation import BestCheckpoint
 
     metric = settings["best_metric"] if bleu_evaluated else "loss"
@@ -471,8 +471,6 @@ def best_checkpoint(settings, config, model_dir, bleu_evaluated, validated):
     if not settings["export_on_best"]:
         return BestCheckpoint(model_dir / "best", metric)
     from export.saved_model import export
-
-    copy = artifacts.WeightsCopy(config)
 
     def export_best(weights, folder):
         return export(copy(weights), model_dir / "vocab.model", folder,
@@ -486,6 +484,7 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, chief, work
     import keras
 
     import keras_transformer as kt
+    from trainers import artifacts
     from trainers.backup import TrainingBackup
     from trainers.callbacks import Throughput
     from trainers.checkpoints import PeriodicCheckpoint
@@ -508,8 +507,9 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, chief, work
         # update_freq="epoch": with a step count, Keras 3.15 records no epoch summaries (no
         # validation loss, no learning rate) unless the epoch ends on a multiple of it.
         callbacks.append(keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq="epoch"))
-        translation = validation_translation(settings, config, tokenizer, model_dir, None)
-        best = best_checkpoint(settings, config, model_dir, translation is not None, validated)
+        copy = artifacts.WeightsCopy(config)  # one model beside the trained one, built on first use
+        translation = validation_translation(settings, tokenizer, model_dir, copy)
+        best = best_checkpoint(settings, model_dir, copy, translation is not None, validated)
         if translation is not None:
             translation.best, translation.on_pause = best, throughput.exclude
             callbacks.append(translation)
