@@ -86,41 +86,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
                 "pad_id": self.pad_id}
 
 
-@keras.saving.register_keras_serializable(package="keras_transformer")
-class MaskedTokenAccuracy(keras.metrics.Metric):
-    """Share of real (non-padding) target tokens whose arg-max prediction is correct."""
+class RealTokenMean(keras.metrics.Metric):
+    """The mean of a per-token value over the real (non-padding) target tokens of every batch
+    seen, summed over replicas; subclasses give `token_values(y_true, y_pred)` [batch, length]
+    and may transform the mean in `finish`."""
 
-    def __init__(self, pad_id=0, name="token_accuracy", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.pad_id = pad_id
-        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")
-        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        y_true = tf.cast(y_true, tf.int32)
-        real = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
-        hits = tf.cast(tf.equal(tf.argmax(y_pred, -1, output_type=tf.int32), y_true), tf.float32)
-        self.correct.assign_add(tf.reduce_sum(hits * real))
-        self.count.assign_add(tf.reduce_sum(real))
-
-    def result(self):
-        return tf.math.divide_no_nan(self.correct, self.count)
-
-    def reset_state(self):
-        self.correct.assign(0.0)
-        self.count.assign(0.0)
-
-    def get_config(self):
-        return {**super().get_config(), "pad_id": self.pad_id}
-
-
-@keras.saving.register_keras_serializable(package="keras_transformer")
-class Perplexity(keras.metrics.Metric):
-    """exp of the mean negative log-likelihood of the real (non-padding) target tokens,
-    without label smoothing: perplexity per target token, weighted by tokens like the loss.
-    y_pred holds logits [batch, length, vocab]."""
-
-    def __init__(self, pad_id=0, name="perplexity", **kwargs):
+    def __init__(self, pad_id=0, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.pad_id = pad_id
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
@@ -129,13 +100,14 @@ class Perplexity(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = tf.cast(y_true, tf.int32)
         real = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
-        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y_true, logits=tf.cast(y_pred, tf.float32))
-        self.total.assign_add(tf.reduce_sum(nll * real))
+        self.total.assign_add(tf.reduce_sum(self.token_values(y_true, y_pred) * real))
         self.count.assign_add(tf.reduce_sum(real))
 
+    def finish(self, mean):
+        return mean
+
     def result(self):
-        return tf.exp(tf.math.divide_no_nan(self.total, self.count))
+        return self.finish(tf.math.divide_no_nan(self.total, self.count))
 
     def reset_state(self):
         self.total.assign(0.0)
@@ -143,3 +115,31 @@ class Perplexity(keras.metrics.Metric):
 
     def get_config(self):
         return {**super().get_config(), "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedTokenAccuracy(RealTokenMean):
+    """Share of real (non-padding) target tokens whose arg-max prediction is correct."""
+
+    def __init__(self, pad_id=0, name="token_accuracy", **kwargs):
+        super().__init__(pad_id=pad_id, name=name, **kwargs)
+
+    def token_values(self, y_true, y_pred):
+        return tf.cast(tf.equal(tf.argmax(y_pred, -1, output_type=tf.int32), y_true), tf.float32)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Perplexity(RealTokenMean):
+    """exp of the mean negative log-likelihood of the real (non-padding) target tokens,
+    without label smoothing: perplexity per target token, weighted by tokens like the loss.
+    y_pred holds logits [batch, length, vocab]."""
+
+    def __init__(self, pad_id=0, name="perplexity", **kwargs):
+        super().__init__(pad_id=pad_id, name=name, **kwargs)
+
+    def token_values(self, y_true, y_pred):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y_true, logits=tf.cast(y_pred, tf.float32))
+
+    def finish(self, mean):
+        return tf.exp(mean)
