@@ -42,6 +42,78 @@ def _check_convertible(config):
             f"{config.d_model}: CTranslate2's Transformer splits d_model among the heads.")
 
 
+class _Weights:
+    """A model's float32 weights by path below the model's own name ("transformer",
+    "transformer_1", ...), written into CTranslate2's spec objects."""
+
+    def __init__(self, model):
+        self.arrays = {w.path.split("/", 1)[1]: np.asarray(w.numpy(), np.float32)
+                       for w in model.weights}
+
+    def __getitem__(self, name):
+        return self.arrays[name]
+
+    def linear(self, spec, name):  # Keras Dense: kernel [in, out]; CTranslate2: weight [out, in]
+        spec.weight, spec.bias = self[f"{name}/kernel"].T, self[f"{name}/bias"]
+
+    def fused(self, spec, names):  # several Dense layers read as one (query, key, value)
+        spec.weight = np.concatenate([self[f"{n}/kernel"].T for n in names])
+        spec.bias = np.concatenate([self[f"{n}/bias"] for n in names])
+
+    def norm(self, spec, name):
+        spec.gamma, spec.beta = self[f"{name}/gamma"], self[f"{name}/beta"]
+
+    def self_attention_and_feed_forward(self, layer, at, attention_residual):
+        """The sub-layers an encoder and a decoder layer share, from layer `at`."""
+        self.fused(layer.self_attention.linear[0],
+                   [f"{at}/self_attention/{n}" for n in ("query", "key", "value")])
+        self.linear(layer.self_attention.linear[1], f"{at}/self_attention/attention_output")
+        self.norm(layer.self_attention.layer_norm, f"{at}/{attention_residual}/norm")
+        self.linear(layer.ffn.linear_0, f"{at}/feed_forward/inner")
+        self.linear(layer.ffn.linear_1, f"{at}/feed_forward/outer")
+        self.norm(layer.ffn.layer_norm, f"{at}/feed_forward_residual/norm")
+
+
+def _position_encodings(weights, config, stack):
+    """The `stack`'s positions table [max_length, d_model]: learned, or the §3.5 sinusoids."""
+    if config.position == "learned":
+        return weights[f"{stack}/positions/position_embeddings"]
+    from keras_transformer.embedding import sinusoid_table
+
+    return sinusoid_table(np.arange(config.max_length), config.d_model).numpy().astype(np.float32)
+
+
+def _stacks(weights, config):
+    """CTranslate2's encoder and decoder specs, holding our weights."""
+    from ctranslate2.specs import transformer_spec as ct2
+
+    encoder = ct2.TransformerEncoderSpec(config.num_layers, config.num_heads,
+                                         pre_norm=config.norm_first)
+    decoder = ct2.TransformerDecoderSpec(config.num_layers, config.num_heads,
+                                         pre_norm=config.norm_first)
+    embedding = weights["shared_embedding/embeddings"]
+    encoder.embeddings[0].weight = embedding
+    decoder.embeddings.weight = embedding
+    decoder.projection.weight = embedding  # §3.4: the pre-softmax map shares the embedding
+    encoder.position_encodings.encodings = _position_encodings(weights, config, "encoder")
+    decoder.position_encodings.encodings = _position_encodings(weights, config, "decoder")
+    if config.norm_first:
+        weights.norm(encoder.layer_norm, "encoder/final_norm")
+        weights.norm(decoder.layer_norm, "decoder/final_norm")
+    for index, layer in enumerate(encoder.layer):
+        weights.self_attention_and_feed_forward(layer, f"encoder/layer_{index}",
+                                                "attention_residual")
+    for index, layer in enumerate(decoder.layer):
+        at = f"decoder/layer_{index}"
+        weights.self_attention_and_feed_forward(layer, at, "self_attention_residual")
+        weights.linear(layer.attention.linear[0], f"{at}/cross_attention/query")
+        weights.fused(layer.attention.linear[1],
+                      [f"{at}/cross_attention/{n}" for n in ("key", "value")])
+        weights.linear(layer.attention.linear[2], f"{at}/cross_attention/attention_output")
+        weights.norm(layer.attention.layer_norm, f"{at}/cross_attention_residual/norm")
+    return encoder, decoder
+
+
 def transformer_spec(model, tokenizer):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (float32) and the
     vocabulary's pieces."""
@@ -49,64 +121,7 @@ def transformer_spec(model, tokenizer):
 
     config = model.config
     _check_convertible(config)
-    # Paths below the model's own name ("transformer", "transformer_1", ...).
-    weights = {w.path.split("/", 1)[1]: np.asarray(w.numpy(), np.float32) for w in model.weights}
-
-    def weight(name):
-        return weights[name]
-
-    def linear(spec, name):  # Keras Dense: kernel [in, out]; CTranslate2: weight [out, in]
-        spec.weight, spec.bias = weight(f"{name}/kernel").T, weight(f"{name}/bias")
-
-    def fused(spec, names):  # several Dense layers read as one (query, key, value)
-        spec.weight = np.concatenate([weight(f"{n}/kernel").T for n in names])
-        spec.bias = np.concatenate([weight(f"{n}/bias") for n in names])
-
-    def norm(spec, name):
-        spec.gamma, spec.beta = weight(f"{name}/gamma"), weight(f"{name}/beta")
-
-    def positions(spec, stack):
-        if config.position == "learned":
-            spec.encodings = weight(f"{stack}/positions/position_embeddings")
-        else:
-            from keras_transformer.embedding import sinusoid_table
-
-            spec.encodings = sinusoid_table(np.arange(config.max_length),
-                                            config.d_model).numpy().astype(np.float32)
-
-    encoder = ct2.TransformerEncoderSpec(config.num_layers, config.num_heads,
-                                         pre_norm=config.norm_first)
-    decoder = ct2.TransformerDecoderSpec(config.num_layers, config.num_heads,
-                                         pre_norm=config.norm_first)
-    embedding = weight("shared_embedding/embeddings")
-    encoder.embeddings[0].weight = embedding
-    decoder.embeddings.weight = embedding
-    decoder.projection.weight = embedding  # §3.4: the pre-softmax map shares the embedding
-    positions(encoder.position_encodings, "encoder")
-    positions(decoder.position_encodings, "decoder")
-    if config.norm_first:
-        norm(encoder.layer_norm, "encoder/final_norm")
-        norm(decoder.layer_norm, "decoder/final_norm")
-    def self_attention_and_feed_forward(layer, at, attention_norm):
-        fused(layer.self_attention.linear[0],
-              [f"{at}/self_attention/{n}" for n in ("query", "key", "value")])
-        linear(layer.self_attention.linear[1], f"{at}/self_attention/attention_output")
-        norm(layer.self_attention.layer_norm, f"{at}/{attention_norm}")
-        linear(layer.ffn.linear_0, f"{at}/feed_forward/inner")
-        linear(layer.ffn.linear_1, f"{at}/feed_forward/outer")
-        norm(layer.ffn.layer_norm, f"{at}/feed_forward_norm")
-
-    for index, layer in enumerate(encoder.layer):
-        self_attention_and_feed_forward(layer, f"encoder/layer_{index}", "attention_norm")
-    for index, layer in enumerate(decoder.layer):
-        at = f"decoder/layer_{index}"
-        self_attention_and_feed_forward(layer, at, "self_attention_norm")
-        linear(layer.attention.linear[0], f"{at}/cross_attention/query")
-        fused(layer.attention.linear[1], [f"{at}/cross_attention/{n}" for n in ("key", "value")])
-        linear(layer.attention.linear[2], f"{at}/cross_attention/attention_output")
-        norm(layer.attention.layer_norm, f"{at}/cross_attention_norm")
-
-    spec = ct2.TransformerSpec(encoder, decoder)
+    spec = ct2.TransformerSpec(*_stacks(_Weights(model), config))
     pieces = tokenizer.pieces()
     spec.config.layer_norm_epsilon = config.layer_norm_epsilon
     spec.config.unk_token = pieces[tokenizer.unk_id]
@@ -213,10 +228,10 @@ def main(argv=None):
         return 2
 
     from keras_transformer.config import ConfigError
-    from trainers import artifacts
+    from keras_transformer import run_dir
 
     try:
-        model, tokenizer, _ = artifacts.load_trained(args.model_dir, args.weights)
+        model, tokenizer, _ = run_dir.load_trained(args.model_dir, args.weights)
         target = convert(model, tokenizer, pathlib.Path(args.model_dir) / "vocab.model",
                          args.output_dir, args.quantization)
     except (ConversionError, ConfigError, FileNotFoundError, FileExistsError) as error:

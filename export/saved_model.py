@@ -268,10 +268,10 @@ def main(argv=None):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from keras_transformer.config import ConfigError
-    from trainers import artifacts
+    from keras_transformer import run_dir
 
     try:
-        model, _, settings = artifacts.load_trained(args.model_dir, args.weights)
+        model, _, settings = run_dir.load_trained(args.model_dir, args.weights)
         examples = ["Hello.", "This is a warm-up request."]
         target = export(model, pathlib.Path(args.model_dir) / "vocab.model", args.export_dir,
                         args.version, args.model_name, examples, beam_size=args.beam_size,

@@ -11,9 +11,9 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.config import PRESETS, ConfigError, TransformerConfig
-from keras_transformer.decoder import Decoder, DecoderLayer, causal_mask
+from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
-from keras_transformer.dropout import Dropout
+from keras_transformer.kernels.dropout import Dropout
 from keras_transformer.embedding import (
     LearnedPositionEmbedding,
     PositionalEncoding,
@@ -24,13 +24,12 @@ from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import FeedForward
 from keras_transformer.layer_norm import LayerNorm
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy, Perplexity
+from keras_transformer.masks import causal_mask, padding_mask
 from keras_transformer.model import Transformer
-from keras_transformer.schedule import (
-    FusedAdam,
-    ScheduleCallback,
-    TransformerSchedule,
-    make_optimizer,
-)
+from keras_transformer.optimizer import FusedAdam, make_optimizer
+from keras_transformer.outputs import WithCache, WithCacheAndWeights, WithWeights
+from keras_transformer.residual import Residual
+from keras_transformer.schedule import ScheduleCallback, TransformerSchedule
 from keras_transformer.tokenizer import Tokenizer
 from keras_transformer.translator import Translator
 

@@ -3,28 +3,21 @@
 import keras
 import tensorflow as tf
 
-from keras_transformer.dropout import Dropout
-
-# Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32.
-MASKED_SCORE = -1e9
-
-
-def same_segment(query_segments, key_segments):
-    """[B, T_q, T_k] bool: True where query and key belong to the same sentence of a row
-    that holds several (segment ids [B, T_q] and [B, T_k])."""
-    return tf.equal(query_segments[:, :, None], key_segments[:, None, :])
+from keras_transformer import cache as decoding_cache
+from keras_transformer.kernels.dropout import Dropout
+from keras_transformer.masks import MASKED_SCORE
+from keras_transformer.outputs import layer_output
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, dropout=None):
+def scaled_dot_product_attention(query, key, value, mask=None, drop_weights=None):
     """`softmax(Q K^T / sqrt(d_k)) V` (§3.2.1, equation 1).
 
     Args:
         query: [..., T_q, d_k]. key: [..., T_k, d_k]. value: [..., T_k, d_v]. Leading
             dimensions broadcast (grouped-query attention shares keys across query groups).
         mask: optional boolean, broadcastable to [..., T_q, T_k]; True where a query may
-            attend. Masked scores get a large negative value, so a fully masked row gives
-            uniform weights, never NaN.
-        dropout: optional callable applied to the weights (attention dropout).
+            attend (keras_transformer/masks.py).
+        drop_weights: optional callable applied to the weights (attention dropout).
 
     Returns:
         (outputs [..., T_q, d_v] in the query's dtype, weights [..., T_q, T_k] in float32).
@@ -35,22 +28,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout=None):
     if mask is not None:
         scores = tf.where(mask, scores, MASKED_SCORE)
     weights = tf.nn.softmax(scores, axis=-1)
-    applied = weights if dropout is None else dropout(weights)
+    applied = weights if drop_weights is None else drop_weights(weights)
     outputs = tf.matmul(tf.cast(applied, value.dtype), value)
     return outputs, weights
-
-
-def write_cache(cache, update, index):
-    """Writes `update` [B, H, T, d] into the preallocated `cache` [B, H, L, d] at positions
-    index .. index + T - 1. Static shapes and core TF ops only, so it compiles under XLA and
-    serves from a SavedModel."""
-    shape = tf.shape(update)
-    batch, heads, steps = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]),
-                                      tf.range(shape[2]) + tf.cast(index, tf.int32),
-                                      indexing="ij")
-    indices = tf.reshape(tf.stack([batch, heads, steps], axis=-1), [-1, 3])
-    flat = tf.reshape(update, [-1, shape[3]])
-    return tf.tensor_scatter_nd_update(cache, indices, tf.cast(flat, cache.dtype))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -64,17 +44,18 @@ class MultiHeadAttention(keras.layers.Layer):
     Call:
         query [B, T_q, d_model]; value [B, T_k, d_model] (defaults to query: self-attention);
         attention_mask boolean, broadcastable to [B, T_q, T_k], True where attending is allowed.
-        cache: for incremental decoding, a (key, value) pair of [B, kv_heads, L, d_k]
-        (head-major, so attention reads it without a transpose):
-          - with `cache_index`: a preallocated self-attention buffer; the keys/values of the
-            T_q new positions are written at cache_index and attention runs over the buffer
+        cache: for incremental decoding (keras_transformer/cache.py), a (key, value) pair of
+        [B, kv_heads, L, d_k]:
+          - with `cache_index`: the preallocated self-attention keys and values; those of the
+            T_q new positions are written at cache_index and attention runs over all L slots
             (the mask must hide unwritten slots);
           - without `cache_index`: keys/values computed once by `project_key_value`
             (encoder-decoder attention); `value` is ignored.
 
     Returns:
-        outputs [B, T_q, d_model], then the updated cache if `cache_index` was given, then the per-head
-        weights [B, h, T_q, T_k] if `return_attention_scores`.
+        outputs [B, T_q, d_model]; with `cache_index` a `WithCache` (the updated (key, value)
+        pair as `cache`), with `return_attention_scores` a `WithWeights` (per-head weights
+        [B, h, T_q, T_k] as `weights`), with both a `WithCacheAndWeights`.
     """
 
     def __init__(self, num_heads, key_dim=None, num_kv_heads=None, dropout=0.0, use_bias=True,
@@ -88,7 +69,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}.")
-        self.attention_dropout = Dropout(dropout, dtype=self.dtype_policy)
+        self.drop_weights = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None):
         d_model = query_shape[-1]
@@ -118,9 +99,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def init_cache(self, batch_size, max_length, dtype=None):
         """A zeroed self-attention cache: (key, value), each [B, kv_heads, max_length, d_k]."""
-        shape = [batch_size, self.num_kv_heads, max_length, self.head_dim]
-        zeros = tf.zeros(shape, dtype or self.compute_dtype)
-        return zeros, zeros
+        return decoding_cache.empty(batch_size, self.num_kv_heads, max_length, self.head_dim,
+                                    dtype or self.compute_dtype)
 
     def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
              return_attention_scores=False, training=None):
@@ -133,27 +113,26 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             key, value_heads = self.project_key_value(query if value is None else value)
             if cache is not None:
-                key = write_cache(cache[0], key, cache_index)
-                value_heads = write_cache(cache[1], value_heads, cache_index)
+                key = decoding_cache.write(cache[0], key, cache_index)
+                value_heads = decoding_cache.write(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
         # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
         # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
         q = tf.transpose(q, [0, 2, 3, 1, 4])
         k, v = tf.expand_dims(key, 2), tf.expand_dims(value_heads, 2)
         mask = None if attention_mask is None else attention_mask[:, None, None]
-        dropout = None
+        drop_weights = None
         if self.dropout > 0:
-            dropout = lambda w: self.attention_dropout(w, training=training)  # noqa: E731
-        outputs, weights = scaled_dot_product_attention(q, k, tf.cast(v, q.dtype), mask, dropout)
+            drop_weights = lambda w: self.drop_weights(w, training=training)  # noqa: E731
+        outputs, weights = scaled_dot_product_attention(q, k, tf.cast(v, q.dtype), mask,
+                                                        drop_weights)
         outputs = tf.transpose(outputs, [0, 3, 1, 2, 4])
         outputs = tf.reshape(outputs, [batch_size, query_length, self.num_heads * self.head_dim])
         outputs = self.output_dense(outputs)
-        results = (outputs,)
-        if cache_index is not None:
-            results += (cache,)
         if return_attention_scores:
-            results += (tf.reshape(weights, [batch_size, self.num_heads, query_length, -1]),)
-        return results[0] if len(results) == 1 else results
+            weights = tf.reshape(weights, [batch_size, self.num_heads, query_length, -1])
+        return layer_output(outputs, cache=cache if cache_index is not None else None,
+                            weights=weights if return_attention_scores else None)
 
     def compute_output_shape(self, query_shape, value_shape=None):
         return query_shape

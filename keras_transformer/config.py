@@ -77,6 +77,7 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def to_dict(self):
+        """The fields as a plain dict (what config.json holds)."""
         return dataclasses.asdict(self)
 
     def shape_differences(self, other):
@@ -89,6 +90,7 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, values):
+        """The config a `to_dict` dict describes."""
         return cls(**values)
 
 

@@ -4,7 +4,16 @@ Both run the encoder once per batch, compute the encoder-decoder keys and values
 layer, and then decode one position per step against preallocated self-attention caches, in a
 single `tf.while_loop` with static shapes: they trace under `tf.function`, compile with
 `jit_compile=True` and export in a SavedModel. Called eagerly, each runs through a
-`tf.function` kept on the model (one per setting), so only the first call traces.
+`tf.function` kept for the model and settings, so only the first call traces.
+
+Beam search (`beam_search`): each step extends every live hypothesis by every token, keeps the
+2K best extensions, files those that end (EOS or the source's limit) among the K best finished
+hypotheses, scored log P(Y) / lp(|Y|), and continues the K best others. Finished hypotheses
+are frozen. A source stops as soon as no live hypothesis can still beat its K-th finished one
+(its log-probability over the penalty at the source's limit bounds any continuation), and the
+loop stops when every source has. With alpha > 0 a beam of 1 can differ from greedy search:
+after the best token is EOS it keeps extending the runner-up while a longer hypothesis could
+still score higher.
 
 Outputs hold the generated tokens without BOS, ending with EOS when one was produced, then
 padding (`config.pad_id`). A hypothesis ends at EOS or at its source's limit,
@@ -12,11 +21,16 @@ padding (`config.pad_id`). A hypothesis ends at EOS or at its source's limit,
 by `config.max_length`).
 """
 
+import weakref
+from typing import Any, NamedTuple
+
 import tensorflow as tf
+
+from keras_transformer import cache as decoding_cache
+from keras_transformer.outputs import split_output
 
 # Log-probability of an impossible or abandoned hypothesis; finite, so sums never give NaN.
 DEAD = -1e9
-
 
 PENALTIES = ("gnmt", "length")
 
@@ -24,16 +38,35 @@ PENALTIES = ("gnmt", "length")
 def length_penalty(length, alpha, penalty="gnmt"):
     """What scores are divided by: "gnmt", the paper's lp(Y) = ((5 + |Y|) / 6) ** alpha (§6.1,
     from Wu et al. 2016, |Y| counting EOS); "length", |Y| ** alpha (|Y| not counting EOS:
-    CTranslate2's and fairseq's normalization; the caller passes the length without EOS)."""
+    CTranslate2's and fairseq's normalization; the caller passes the length without EOS).
+    length: int tensor of any shape -> float32 of the same shape."""
     length = tf.cast(length, tf.float32)
     if penalty == "length":
         return tf.pow(length, alpha)
     return tf.pow((5.0 + length) / 6.0, alpha)
 
 
+# Eager calls run through one tf.function per model and settings, so only the first traces:
+# {model: {(search, settings): tf.function}}, forgotten with the model.
+_TRACED = weakref.WeakKeyDictionary()
+
+
+def _traced(search, model, settings):
+    """`search` (greedy_search or beam_search) of `model` with keyword `settings`, as the
+    tf.function kept for them."""
+    functions = _TRACED.setdefault(model, {})
+    key = (search.__name__, tuple(sorted(settings.items())))
+    if key not in functions:
+        model_ref = weakref.ref(model)  # the function must not keep the model alive
+        functions[key] = tf.function(lambda ids: search(model_ref(), ids, **settings),
+                                     jit_compile=settings["jit_compile"], reduce_retracing=True)
+    return functions[key]
+
+
 def _setup(model, source_ids, max_extra, copies):
-    """Encodes the batch once and repeats the memory and its mask for `copies` hypotheses per
-    source; returns them with each source's step limit, the cache length and the batch size."""
+    """Encodes the batch once and repeats the memory [B * copies, S, d_model] and its mask
+    for `copies` hypotheses per source; returns them with each source's step limit [B], the
+    cache length and the batch size B."""
     source_ids = tf.cast(source_ids, tf.int32)
     source_mask = model.padding_mask(source_ids)
     source_lengths = tf.reduce_sum(tf.cast(source_mask, tf.int32), axis=1)
@@ -51,53 +84,40 @@ def _setup(model, source_ids, max_extra, copies):
     return memory, source_mask, limits, max_steps, batch
 
 
-def _init_cache(model, memory, max_steps, use_cache):
-    """(What the loop carries, what stays fixed): the preallocated self-attention caches and
-    the encoder-decoder keys/values, which never change and so stay out of the loop state;
-    or (use_cache=False) a buffer of decoder inputs whose whole prefix is run through the
-    decoder at every step, and nothing fixed."""
+def _decoder_state(model, memory, max_steps, use_cache):
+    """(carried, fixed): the decoding cache's carried part, which the loop carries, and its
+    fixed part, which stays outside the loop (keras_transformer/cache.py). Without a cache:
+    a buffer [N, max_steps] of the decoder inputs so far, run whole at every step, and None."""
     if not use_cache:
-        return {"prefix": tf.zeros([tf.shape(memory)[0], max_steps], tf.int32)}, None
+        return tf.zeros([tf.shape(memory)[0], max_steps], tf.int32), None
     caches = model.init_cache(memory, max_steps)
-    fixed = [{"memory_key": c["memory_key"], "memory_value": c["memory_value"]} for c in caches]
-    return _carried(caches), fixed
+    return decoding_cache.carried(caches), decoding_cache.fixed(caches)
 
 
-def _carried(caches):
-    """The part of the decoder's per-layer caches that changes every step: the self-attention
-    keys and values."""
-    return [{"key": c["key"], "value": c["value"]} for c in caches]
-
-
-def _reorder(cache, parents):
-    """The carried cache (per hypothesis), following each hypothesis's parent. The
-    encoder-decoder keys/values are the same for every beam of a source: not carried."""
-    return tf.nest.map_structure(lambda t: tf.gather(t, parents), cache)
-
-
-def _step_log_probs(model, tokens, cache, fixed, index, memory, memory_mask, bos_id, scores):
-    """Log-probabilities [N, V] of the next token; padding and BOS are never generated."""
-    if isinstance(cache, dict):  # no cache: run the decoder over the whole prefix
-        prefix = _write_token(cache["prefix"], index, tokens)
-        out = model.decoder(model.embedding(prefix[:, :index + 1]), memory,
-                            memory_mask=memory_mask, return_attention_scores=scores,
-                            training=False)
-        hidden, weights = out if scores else (out, None)
-        logits, cache = model.embedding.logits(hidden[:, -1]), {"prefix": prefix}
+def _next_log_probs(model, tokens, carried, fixed, index, memory, memory_mask, bos_id,
+                    return_attention):
+    """Log-probabilities [N, V] of the token after `tokens` [N] (at position `index`), the new
+    carried state and, with `return_attention`, the last layer's cross-attention averaged
+    over heads [N, S]. Padding and BOS are never generated."""
+    if fixed is None:  # no cache: run the decoder over the whole prefix
+        prefix = _write_token(carried, index, tokens)
+        hidden, _, weights = split_output(model.decoder(
+            model.embedding(prefix[:, :index + 1]), memory, memory_mask=memory_mask,
+            return_attention_scores=return_attention, training=False))
+        logits, carried = model.embedding.logits(hidden[:, -1]), prefix
     else:
-        full = [{**c, **f} for c, f in zip(cache, fixed)]
-        out = model.decode_step(tokens[:, None], full, index, memory_mask,
-                                return_attention_scores=scores)
-        logits, full, weights = out if scores else out + (None,)
-        cache = _carried(full)
+        logits, caches, weights = split_output(model.decode_step(
+            tokens[:, None], decoding_cache.merged(carried, fixed), index, memory_mask,
+            return_attention_scores=return_attention))
+        carried = decoding_cache.carried(caches)
     log_probs = tf.nn.log_softmax(logits, axis=-1)
     vocab = tf.shape(log_probs)[-1]
     banned = tf.reduce_sum(tf.one_hot([model.config.pad_id, bos_id], vocab), axis=0) > 0
     log_probs = tf.where(banned, DEAD, log_probs)
     attention = None
-    if scores:  # cross-attention of the last layer, averaged over heads: [N, S]
+    if return_attention:
         attention = tf.reduce_mean(weights[-1]["cross"][:, :, -1], axis=1)
-    return log_probs, cache, attention
+    return log_probs, carried, attention
 
 
 def _write_token(sequences, index, tokens):
@@ -112,15 +132,16 @@ def _write_row(rows, index, row):
     return tf.where(at[:, None], row[..., None, :], rows)
 
 
-def _cached(model, kind, settings, fn):
-    """Runs `fn` through a tf.function kept on the model when called eagerly."""
-    if not tf.executing_eagerly():
-        return None
-    functions = model.__dict__.setdefault("_keras_transformer_decoders", {})
-    key = (kind,) + settings
-    if key not in functions:
-        functions[key] = tf.function(fn, jit_compile=settings[-1], reduce_retracing=True)
-    return functions[key]
+class GreedyState(NamedTuple):
+    """Greedy search's loop state (B sources, L steps, S source positions)."""
+
+    step: Any  # the position being decoded
+    tokens: Any  # [B] the last tokens
+    sequences: Any  # [B, L] the tokens so far, then padding
+    scores: Any  # [B] the sum of their log-probabilities
+    finished: Any  # [B] bool: EOS produced or the limit reached
+    attention: Any  # [B, L, S] (S = 0 unless asked for)
+    carried: Any  # the decoding cache's carried part (or the prefix without a cache)
 
 
 def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
@@ -139,148 +160,176 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
         "scores" [B] (the sum of the tokens' log-probabilities) and, if asked, "attention"
         [B, L, S].
     """
-    settings = (bos_id, eos_id, max_extra, return_attention, use_cache, jit_compile)
-    function = _cached(model, "greedy", settings, lambda ids: greedy_search(
-        model, ids, bos_id=bos_id, eos_id=eos_id, max_extra=max_extra,
-        return_attention=return_attention, use_cache=use_cache))
-    if function is not None:
-        return function(source_ids)
+    if tf.executing_eagerly():
+        return _traced(greedy_search, model, dict(
+            bos_id=bos_id, eos_id=eos_id, max_extra=max_extra, return_attention=return_attention,
+            jit_compile=jit_compile, use_cache=use_cache))(source_ids)
 
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, 1)
-    source_width = tf.shape(memory)[1]
-    cache, fixed = _init_cache(model, memory, max_steps, use_cache)
+    carried, fixed = _decoder_state(model, memory, max_steps, use_cache)
 
-    def body(i, tokens, sequences, scores, finished, attention, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, fixed, i, memory,
-                                                    memory_mask, bos_id, return_attention)
-        next_tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        next_tokens = tf.where(finished, model.config.pad_id, next_tokens)
-        best = tf.reduce_max(log_probs, axis=-1)
-        scores = scores + tf.where(finished, 0.0, best)
-        sequences = _write_token(sequences, i, next_tokens)
+    def body(state):
+        i = state.step
+        log_probs, carried, weights = _next_log_probs(
+            model, state.tokens, state.carried, fixed, i, memory, memory_mask, bos_id,
+            return_attention)
+        finished = state.finished
+        tokens = tf.where(finished, model.config.pad_id,
+                          tf.argmax(log_probs, axis=-1, output_type=tf.int32))
+        attention = state.attention
         if return_attention:
             attention = _write_row(attention, i, tf.where(finished[:, None], 0.0, weights))
-        finished = finished | tf.equal(next_tokens, eos_id) | (i + 1 >= limits)
-        return i + 1, next_tokens, sequences, scores, finished, attention, cache
+        return (GreedyState(
+            step=i + 1, tokens=tokens, sequences=_write_token(state.sequences, i, tokens),
+            scores=state.scores + tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1)),
+            finished=finished | tf.equal(tokens, eos_id) | (i + 1 >= limits),
+            attention=attention, carried=carried),)
 
-    def cond(i, tokens, sequences, scores, finished, attention, cache):
-        return (i < max_steps) & ~tf.reduce_all(finished)
+    def cond(state):
+        return (state.step < max_steps) & ~tf.reduce_all(state.finished)
 
-    attention = tf.zeros([batch, max_steps, source_width if return_attention else 0])
-    empty_seq = tf.fill([batch, max_steps], model.config.pad_id)
-    state = (tf.constant(0), tf.fill([batch], bos_id), empty_seq,
-             tf.zeros([batch]), tf.zeros([batch], tf.bool), attention, cache)
-    _, _, sequences, scores, _, attention, _ = tf.while_loop(cond, body, state)
-    result = {"sequences": sequences, "scores": scores}
+    attention_width = tf.shape(memory)[1] if return_attention else 0
+    state = GreedyState(
+        step=tf.constant(0), tokens=tf.fill([batch], bos_id),
+        sequences=tf.fill([batch, max_steps], model.config.pad_id), scores=tf.zeros([batch]),
+        finished=tf.zeros([batch], tf.bool),
+        attention=tf.zeros([batch, max_steps, attention_width]), carried=carried)
+    (state,) = tf.while_loop(cond, body, (state,))
+    result = {"sequences": state.sequences, "scores": state.scores}
     if return_attention:
-        result["attention"] = attention
+        result["attention"] = state.attention
     return result
+
+
+class BeamState(NamedTuple):
+    """Beam search's loop state (B sources, K beams, L steps, S source positions)."""
+
+    step: Any  # the position being decoded
+    tokens: Any  # [B * K] the live hypotheses' last tokens
+    alive_seq: Any  # [B, K, L] the live hypotheses
+    alive_log_probs: Any  # [B, K] their log-probabilities (DEAD: none)
+    alive_attention: Any  # [B, K, L, S] (S = 0 unless asked for)
+    finished_seq: Any  # [B, K, L] the K best finished hypotheses, best first
+    finished_scores: Any  # [B, K] their length-normalised scores (DEAD: none)
+    finished_attention: Any  # [B, K, L, S]
+    done: Any  # [B] bool: no live hypothesis can beat the K-th finished one
+    carried: Any  # the live hypotheses' decoding cache, carried part (or their prefix)
+
+
+class Extensions(NamedTuple):
+    """The 2K best one-token extensions of a source's live hypotheses (beam search)."""
+
+    log_probs: Any  # [B, 2K]
+    beams: Any  # [B, 2K] the hypothesis each extends
+    tokens: Any  # [B, 2K] the token each adds
+    sequences: Any  # [B, 2K, L]
+    attention: Any  # [B, 2K, L, S] (S = 0 unless asked for)
+    ends: Any  # [B, 2K] bool: EOS, or the source's limit reached
+    live: Any  # [B, 2K] bool: not an extension of a dead hypothesis
+
+
+def _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention):
+    """The `Extensions` of `state`'s live hypotheses by next-token `log_probs` [B * K, V]."""
+    vocab = tf.shape(log_probs)[-1]
+    candidates = state.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
+    top_log_probs, top_index = tf.math.top_k(tf.reshape(candidates, [batch, -1]), 2 * k)
+    beams, tokens = top_index // vocab, top_index % vocab
+    sequences = _write_token(tf.gather(state.alive_seq, beams, batch_dims=1), state.step, tokens)
+    attention = state.alive_attention
+    if return_attention:
+        weights = tf.reshape(weights, [batch, k, -1])
+        attention = _write_row(tf.gather(attention, beams, batch_dims=1), state.step,
+                               tf.gather(weights, beams, batch_dims=1))
+    return Extensions(top_log_probs, beams, tokens, sequences, attention,
+                      ends=tf.equal(tokens, eos_id) | (state.step + 1 >= limits[:, None]),
+                      live=top_log_probs > DEAD / 2)
+
+
+def _file_finished(state, top, k, alpha, penalty, eos_id, return_attention):
+    """(sequences, scores, attention) of the K best finished hypotheses: those of `state`
+    and the extensions in `top` that end, scored log P(Y) / lp(|Y|)."""
+    lengths = state.step + 1
+    if penalty == "length":
+        lengths = lengths - tf.cast(tf.equal(top.tokens, eos_id), tf.int32)
+    new_scores = tf.where(top.ends & top.live,
+                          top.log_probs / length_penalty(lengths, alpha, penalty), DEAD)
+    scores, best = tf.math.top_k(tf.concat([state.finished_scores, new_scores], 1), k)
+    sequences = tf.gather(tf.concat([state.finished_seq, top.sequences], 1), best, batch_dims=1)
+    attention = state.finished_attention
+    if return_attention:
+        attention = tf.gather(tf.concat([attention, top.attention], 1), best, batch_dims=1)
+    return sequences, scores, attention
+
+
+def _first_beam_state(batch, k, max_steps, attention_width, bos_id, pad_id, carried):
+    """The state before the first step: one live hypothesis (BOS) per source, none finished."""
+    empty_seq = tf.fill([batch, k, max_steps], pad_id)
+    empty_attention = tf.zeros([batch, k, max_steps, attention_width])
+    first_beam_only = tf.tile(tf.concat([[0.0], tf.fill([k - 1], DEAD)], 0)[None], [batch, 1])
+    return BeamState(
+        step=tf.constant(0), tokens=tf.fill([batch * k], bos_id), alive_seq=empty_seq,
+        alive_log_probs=first_beam_only, alive_attention=empty_attention,
+        finished_seq=empty_seq, finished_scores=tf.fill([batch, k], DEAD),
+        finished_attention=empty_attention, done=tf.zeros([batch], tf.bool), carried=carried)
 
 
 def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, max_extra=50,
                 penalty="gnmt", return_attention=False, jit_compile=False, use_cache=True):
-    """Beam search with the GNMT length penalty, as the paper decodes (§6.1: beam 4,
-    alpha 0.6, at most input length + 50 tokens, early termination).
+    """Beam search as the paper decodes (§6.1: beam 4, alpha 0.6, at most input length + 50
+    tokens, early termination; see the module docstring). `penalty`: "gnmt" (the paper's) or
+    "length" (CTranslate2's; see `length_penalty`); `return_attention`, `jit_compile` and
+    `use_cache` as in `greedy_search`. `beam_size`, `alpha` and `max_extra` may be tensors (a
+    serving signature takes them per request); shapes are then dynamic.
 
-    Each step extends every live hypothesis by every token, keeps the 2K best extensions,
-    files those that end (EOS or the source's limit) among the K best finished hypotheses,
-    scored log P(Y) / lp(|Y|), and continues the K best others. Finished hypotheses are
-    frozen. A source stops as soon as no live hypothesis can still beat its K-th finished one
-    (its log-probability over the penalty at the source's limit bounds any continuation), and
-    the loop stops when every source has.
-
-    With alpha > 0 a beam of 1 can differ from greedy search: after the best token is EOS it
-    keeps extending the runner-up while a longer hypothesis could still score higher.
-    `penalty="length"` divides by |Y| ** alpha instead (see `length_penalty`), as CTranslate2
-    does.
-    `return_attention`, `jit_compile` and `use_cache` are as in `greedy_search`.
-
-    `beam_size`, `alpha` and `max_extra` may be tensors (a serving signature takes them per
-    request); shapes are then dynamic.
-
-    Returns:
-        dict with "sequences" [B, K, L] int32 (n-best, best first; L = S + max_extra capped
-        by config.max_length), "scores" [B, K] (length-normalised log-probabilities) and, if
-        asked, "attention" [B, K, L, S].
+    Returns: dict with "sequences" [B, K, L] int32 (n-best, best first; L = S + max_extra
+    capped by config.max_length), "scores" [B, K] (length-normalised log-probabilities) and,
+    if asked, "attention" [B, K, L, S].
     """
     if penalty not in PENALTIES:
         raise ValueError(f"penalty={penalty!r}: choose one of {PENALTIES}.")
-    settings = (bos_id, eos_id, beam_size, alpha, max_extra, penalty, return_attention,
-                use_cache, jit_compile)
-    function = _cached(model, "beam", settings, lambda ids: beam_search(
-        model, ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
-        max_extra=max_extra, penalty=penalty, return_attention=return_attention,
-        use_cache=use_cache))
-    if function is not None:
-        return function(source_ids)
+    if tf.executing_eagerly():
+        return _traced(beam_search, model, dict(
+            bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+            penalty=penalty, return_attention=return_attention, jit_compile=jit_compile,
+            use_cache=use_cache))(source_ids)
 
     k = beam_size
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
-    source_width = tf.shape(memory)[1]
-    cache, fixed = _init_cache(model, memory, max_steps, use_cache)
+    carried, fixed = _decoder_state(model, memory, max_steps, use_cache)
     limit_penalty = length_penalty(limits, alpha, penalty)  # the most any continuation gets
     beam_offsets = (tf.range(batch) * k)[:, None]
-    attention_width = source_width if return_attention else 0
 
-    def body(i, tokens, alive_seq, alive_log_probs, alive_attention, finished_seq,
-             finished_scores, finished_attention, done, cache):
-        log_probs, cache, weights = _step_log_probs(model, tokens, cache, fixed, i, memory,
-                                                    memory_mask, bos_id, return_attention)
-        vocab = tf.shape(log_probs)[-1]
-        candidates = alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
-        top_log_probs, top_index = tf.math.top_k(tf.reshape(candidates, [batch, -1]), 2 * k)
-        top_beam, top_tokens = top_index // vocab, top_index % vocab
-        top_seq = _write_token(tf.gather(alive_seq, top_beam, batch_dims=1), i, top_tokens)
-        top_attention = alive_attention
-        if return_attention:
-            weights = tf.reshape(weights, [batch, k, -1])
-            top_attention = _write_row(tf.gather(alive_attention, top_beam, batch_dims=1), i,
-                                   tf.gather(weights, top_beam, batch_dims=1))
-        live = top_log_probs > DEAD / 2
-        ends = tf.equal(top_tokens, eos_id) | (i + 1 >= limits[:, None])
-
-        # The K best extensions that go on.
-        going_on = tf.where(ends | ~live, DEAD, top_log_probs)
+    def body(state):  # one step: every live hypothesis extended by one token
+        log_probs, carried, weights = _next_log_probs(
+            model, state.tokens, state.carried, fixed, state.step, memory, memory_mask, bos_id,
+            return_attention)
+        top = _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention)
+        # The K best extensions that go on, and the K best finished hypotheses; a source is
+        # done (its hypotheses frozen) once no live one can beat its K-th finished one.
+        going_on = tf.where(top.ends | ~top.live, DEAD, top.log_probs)
         alive_log_probs, keep = tf.math.top_k(going_on, k)
-        alive_seq = tf.gather(top_seq, keep, batch_dims=1)
-        if return_attention:
-            alive_attention = tf.gather(top_attention, keep, batch_dims=1)
-        parents = tf.reshape(beam_offsets + tf.gather(top_beam, keep, batch_dims=1), [batch * k])
-        cache = _reorder(cache, parents)
-        tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [batch * k])
-
-        # The K best finished hypotheses so far, the new ones filed among them.
-        lengths = i + 1
-        if penalty == "length":
-            lengths = lengths - tf.cast(tf.equal(top_tokens, eos_id), tf.int32)
-        new_scores = tf.where(ends & live,
-                              top_log_probs / length_penalty(lengths, alpha, penalty), DEAD)
-        finished_scores, best = tf.math.top_k(tf.concat([finished_scores, new_scores], 1), k)
-        finished_seq = tf.gather(tf.concat([finished_seq, top_seq], 1), best, batch_dims=1)
-        if return_attention:
-            finished_attention = tf.gather(
-                tf.concat([finished_attention, top_attention], 1), best, batch_dims=1)
-
-        # A source is done once no live hypothesis can beat its K-th finished one; its
-        # hypotheses are then frozen.
-        best_possible = alive_log_probs[:, 0] / limit_penalty
-        done = (done | (finished_scores[:, -1] >= best_possible)
+        parents = tf.reshape(beam_offsets + tf.gather(top.beams, keep, batch_dims=1), [batch * k])
+        finished_seq, finished_scores, finished_attention = _file_finished(
+            state, top, k, alpha, penalty, eos_id, return_attention)
+        done = (state.done | (finished_scores[:, -1] >= alive_log_probs[:, 0] / limit_penalty)
                 | (alive_log_probs[:, 0] <= DEAD / 2))
-        alive_log_probs = tf.where(done[:, None], DEAD, alive_log_probs)
-        return (i + 1, tokens, alive_seq, alive_log_probs, alive_attention, finished_seq,
-                finished_scores, finished_attention, done, cache)
+        return (BeamState(
+            step=state.step + 1,
+            tokens=tf.reshape(tf.gather(top.tokens, keep, batch_dims=1), [batch * k]),
+            alive_seq=tf.gather(top.sequences, keep, batch_dims=1),
+            alive_log_probs=tf.where(done[:, None], DEAD, alive_log_probs),
+            alive_attention=(tf.gather(top.attention, keep, batch_dims=1) if return_attention
+                             else state.alive_attention),
+            finished_seq=finished_seq, finished_scores=finished_scores,
+            finished_attention=finished_attention, done=done,
+            carried=decoding_cache.reorder(carried, parents)),)
 
-    def cond(i, *state):
-        return (i < max_steps) & ~tf.reduce_all(state[-2])
+    def cond(state):
+        return (state.step < max_steps) & ~tf.reduce_all(state.done)
 
-    first_beam_only = tf.tile(tf.concat([[0.0], tf.fill([k - 1], DEAD)], 0)[None], [batch, 1])
-    empty_seq = tf.fill([batch, k, max_steps], model.config.pad_id)
-    empty_attention = tf.zeros([batch, k, max_steps, attention_width])
-    state = (tf.constant(0), tf.fill([batch * k], bos_id), empty_seq, first_beam_only,
-             empty_attention, empty_seq, tf.fill([batch, k], DEAD), empty_attention,
-             tf.zeros([batch], tf.bool), cache)
-    state = tf.while_loop(cond, body, state)
-    result = {"sequences": state[5], "scores": state[6]}
-    if return_attention:
-        result["attention"] = state[7]
-    return result
+    attention_width = tf.shape(memory)[1] if return_attention else 0
+    state = _first_beam_state(batch, k, max_steps, attention_width, bos_id, model.config.pad_id,
+                              carried)
+    (state,) = tf.while_loop(cond, body, (state,))
+    result = {"sequences": state.finished_seq, "scores": state.finished_scores}
+    return {**result, "attention": state.finished_attention} if return_attention else result

@@ -19,46 +19,47 @@ def sinusoid_table(positions, d_model, max_wavelength=10000.0):
     return tf.reshape(interleaved, [-1, 2 * even.shape[0]])[:, :d_model]
 
 
-@keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionalEncoding(keras.layers.Layer):
-    """The fixed sinusoidal positional encoding of §3.5, interleaved.
+class PositionLayer(keras.layers.Layer):
+    """What both position layers do with their call: `inputs` [B, T, d_model] (only the shape
+    is used) and `start_index`, the position of the first step (decoding one token at a time
+    passes the current step), or `positions` [B, T] int, each token's own position (rows that
+    hold several sentences restart at 0). Returns the encodings [1, T, d_model] ([B, T,
+    d_model] with `positions`) in the layer's compute dtype, to add to the inputs. Subclasses
+    give `encode(positions [N, T], d_model)` -> [N, T, d_model]."""
 
-    Call: inputs [B, T, d_model] (only the shape is used), `start_index` the position of the
-    first step (decoding one token at a time passes the current step), or `positions` [B, T]
-    int, each token's own position (rows that hold several sentences restart at 0).
-    Returns: the encodings [1, T, d_model] ([B, T, d_model] with `positions`) in the layer's
-    compute dtype, to add to inputs.
-    """
+    def call(self, inputs, start_index=0, positions=None):
+        if positions is None:
+            positions = (tf.range(tf.shape(inputs)[1]) + tf.cast(start_index, tf.int32))[None]
+        return tf.cast(self.encode(positions, inputs.shape[-1]), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (1,) + tuple(input_shape[1:])
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(PositionLayer):
+    """The fixed sinusoidal positional encoding of §3.5, interleaved; called as
+    `PositionLayer`: inputs [B, T, d_model] -> [1, T, d_model] ([B, T, d_model] with
+    `positions`)."""
 
     def __init__(self, max_wavelength=10000.0, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
 
-    def call(self, inputs, start_index=0, positions=None):
-        if positions is not None:
-            table = sinusoid_table(tf.reshape(positions, [-1]), inputs.shape[-1],
-                                   self.max_wavelength)
-            shape = tf.concat([tf.shape(positions), [inputs.shape[-1]]], 0)
-            return tf.cast(tf.reshape(table, shape), self.compute_dtype)
-        length = tf.shape(inputs)[1]
-        positions = tf.range(length) + tf.cast(start_index, tf.int32)
-        table = sinusoid_table(positions, inputs.shape[-1], self.max_wavelength)
-        return tf.cast(table, self.compute_dtype)[None]
-
-    def compute_output_shape(self, input_shape):
-        return (1,) + tuple(input_shape[1:])
+    def encode(self, positions, d_model):
+        """positions [N, T] int -> the sinusoids [N, T, d_model] (float32)."""
+        table = sinusoid_table(tf.reshape(positions, [-1]), d_model, self.max_wavelength)
+        return tf.reshape(table, tf.concat([tf.shape(positions), [d_model]], 0))
 
     def get_config(self):
         return {**super().get_config(), "max_wavelength": self.max_wavelength}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class LearnedPositionEmbedding(keras.layers.Layer):
-    """Learned position embeddings, Table 3 row E (the paper's alternative to §3.5).
-
-    Call: inputs [B, T, d_model], `start_index` or `positions` [B, T], as `PositionalEncoding`.
-    Returns: [1, T, d_model] ([B, T, d_model] with `positions`).
-    """
+class LearnedPositionEmbedding(PositionLayer):
+    """Learned position embeddings, Table 3 row E (the paper's alternative to §3.5): a table
+    [max_length, d_model]; called as `PositionLayer`: inputs [B, T, d_model] -> [1, T, d_model]
+    ([B, T, d_model] with `positions`)."""
 
     def __init__(self, max_length, **kwargs):
         super().__init__(**kwargs)
@@ -70,15 +71,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             initializer=keras.initializers.RandomNormal(stddev=input_shape[-1] ** -0.5),
         )
 
-    def call(self, inputs, start_index=0, positions=None):
-        table = tf.cast(self.position_embeddings, self.compute_dtype)
-        if positions is not None:
-            return tf.gather(table, positions)
-        length = tf.shape(inputs)[1]
-        return tf.gather(table, tf.range(length) + tf.cast(start_index, tf.int32))[None]
-
-    def compute_output_shape(self, input_shape):
-        return (1,) + tuple(input_shape[1:])
+    def encode(self, positions, d_model):
+        """positions [N, T] int -> their rows of the table [N, T, d_model]."""
+        return tf.gather(self.position_embeddings, positions)
 
     def get_config(self):
         return {**super().get_config(), "max_length": self.max_length}
@@ -113,6 +108,7 @@ class SharedEmbedding(keras.layers.Layer):
         return tf.gather(table, ids) * tf.cast(math.sqrt(self.d_model), self.compute_dtype)
 
     def logits(self, x):
+        """x [B, T, d_model] -> logits [B, T, vocab_size] in float32 (x W^T, no bias)."""
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
         flat = tf.cast(tf.reshape(x, [-1, self.d_model]), tf.float32)
         logits = tf.matmul(flat, tf.cast(self.embeddings, tf.float32), transpose_b=True)

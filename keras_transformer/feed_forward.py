@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network (§3.3) and the residual sub-layer wrapper (§3, §5.4)."""
+"""The position-wise feed-forward network (§3.3)."""
 
 import keras
 
@@ -31,13 +31,3 @@ class FeedForward(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "d_ff": self.d_ff}
 
-
-def residual(x, sublayer, norm, dropout, norm_first, training=None):
-    """LayerNorm(x + Dropout(Sublayer(x))) as in the paper (post-LN), or, with `norm_first`,
-    x + Dropout(Sublayer(LayerNorm(x))) (pre-LN). `sublayer` returns its output first and may
-    return extras (a cache, attention weights), which are passed through."""
-    out = sublayer(norm(x) if norm_first else x)
-    out, extras = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
-    y = x + dropout(out, training=training)
-    y = y if norm_first else norm(y)
-    return (y,) + extras if extras else y

@@ -8,6 +8,8 @@ from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.losses import global_sum
+from keras_transformer.masks import padding_mask
+from keras_transformer.outputs import layer_output, split_output
 
 
 def _reducible_across_workers(logs):
@@ -58,26 +60,29 @@ class Transformer(keras.Model):
         self.built = True
 
     def padding_mask(self, ids):
-        return tf.not_equal(tf.cast(ids, tf.int32), self.config.pad_id)
+        """ids [B, T] -> [B, T] bool, True for real tokens (not `config.pad_id`)."""
+        return padding_mask(ids, self.config.pad_id)
 
     def encode(self, source_ids, return_attention_scores=False, training=None,
                segment_ids=None, positions=None):
-        """source_ids [B, S] -> memory [B, S, d_model] (and per-layer weights if asked)."""
+        """source_ids [B, S] -> memory [B, S, d_model]; with `return_attention_scores`, a
+        `WithWeights` holding the per-layer weights [B, h, S, S] too."""
         return self.encoder(self.embedding(source_ids), self.padding_mask(source_ids),
                             return_attention_scores=return_attention_scores, training=training,
                             segment_ids=segment_ids, positions=positions)
 
     def decode(self, target_ids, memory, source_ids, return_attention_scores=False,
                training=None, segment_ids=None, source_segment_ids=None, positions=None):
-        """Logits [B, T, vocab_size] (float32) of the shifted-right target against memory."""
+        """Logits [B, T, vocab_size] (float32) of the shifted-right target [B, T] against
+        memory [B, S, d_model]; with `return_attention_scores`, a `WithWeights` holding the
+        per-layer {"self", "cross"} weights too."""
         out = self.decoder(self.embedding(target_ids), memory, self.padding_mask(target_ids),
                            self.padding_mask(source_ids),
                            return_attention_scores=return_attention_scores, training=training,
                            segment_ids=segment_ids, memory_segment_ids=source_segment_ids,
                            positions=positions)
-        if return_attention_scores:
-            return self.embedding.logits(out[0]), out[1]
-        return self.embedding.logits(out)
+        hidden, _, weights = split_output(out)
+        return layer_output(self.embedding.logits(hidden), weights=weights)
 
     def call(self, inputs, training=None):
         source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
@@ -98,14 +103,13 @@ class Transformer(keras.Model):
         """One decoding step (inference mode).
 
         token_ids [B, 1] at position `index`; cache from `init_cache`; memory_mask [B, S] bool.
-        Returns (logits [B, vocab_size] float32, new cache), plus the per-layer attention
-        weights if asked.
+        Returns a `WithCache`: logits [B, vocab_size] float32 and the new cache (a
+        `WithCacheAndWeights` with the per-layer attention weights if asked).
         """
-        out = self.decoder(self.embedding(token_ids), None, memory_mask=memory_mask,
-                           cache=cache, cache_index=index,
-                           return_attention_scores=return_attention_scores, training=False)
-        logits = self.embedding.logits(out[0])[:, -1]
-        return (logits,) + tuple(out[1:])
+        hidden, cache, weights = split_output(self.decoder(
+            self.embedding(token_ids), None, memory_mask=memory_mask, cache=cache,
+            cache_index=index, return_attention_scores=return_attention_scores, training=False))
+        return layer_output(self.embedding.logits(hidden)[:, -1], cache=cache, weights=weights)
 
     def train_step(self, data):
         if getattr(self.optimizer, "gradient_accumulation_steps", None) and hasattr(

@@ -1,15 +1,51 @@
-"""What the encoder and decoder stacks share (§3.1): N identical layers over the embeddings
-plus positional encodings, with dropout, and a final LayerNorm in the pre-LN variant."""
+"""What the encoder and decoder share (§3.1): layers of attention and feed-forward sub-layers,
+each in a residual connection, stacked N times over the embeddings plus positional encodings."""
 
 import keras
 
+from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.kernels.dropout import Dropout
 from keras_transformer.embedding import make_position_layer
-from keras_transformer.dropout import Dropout
+from keras_transformer.feed_forward import FeedForward
 from keras_transformer.layer_norm import LayerNorm
+from keras_transformer.residual import Residual
 
 
-def layer_norm(epsilon, name, dtype):
-    return LayerNorm(epsilon=epsilon, name=name, dtype=dtype)
+class StackedLayer(keras.layers.Layer):
+    """The settings and sub-layers an `EncoderLayer` and a `DecoderLayer` share: rates are
+    floats (`dropout` on sub-layer outputs, `attention_dropout` on attention weights), the
+    sub-layers come from `make_attention(name)`, `make_feed_forward()` and `make_residual(name)`."""
+
+    def __init__(self, num_heads, d_ff, key_dim=None, num_kv_heads=None, dropout=0.1,
+                 attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads, self.d_ff, self.key_dim = num_heads, d_ff, key_dim
+        self.num_kv_heads, self.dropout = num_kv_heads, dropout
+        self.attention_dropout, self.norm_first = attention_dropout, norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def make_attention(self, name):
+        """A `MultiHeadAttention` of the layer's settings."""
+        return MultiHeadAttention(self.num_heads, self.key_dim, self.num_kv_heads,
+                                  self.attention_dropout, name=name, dtype=self.dtype_policy)
+
+    def make_feed_forward(self):
+        """The layer's `FeedForward` (§3.3)."""
+        return FeedForward(self.d_ff, name="feed_forward", dtype=self.dtype_policy)
+
+    def make_residual(self, name):
+        """A `Residual` connection of the layer's settings, named `name`."""
+        return Residual(self.dropout, self.norm_first, self.layer_norm_epsilon, name=name,
+                        dtype=self.dtype_policy)
+
+    def compute_output_shape(self, input_shape, *args):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "d_ff": self.d_ff,
+                "key_dim": self.key_dim, "num_kv_heads": self.num_kv_heads,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
+                "norm_first": self.norm_first, "layer_norm_epsilon": self.layer_norm_epsilon}
 
 
 class LayerStack(keras.layers.Layer):
@@ -28,11 +64,18 @@ class LayerStack(keras.layers.Layer):
                                layer_norm_epsilon=layer_norm_epsilon)
         self.num_layers, self.position, self.max_length = num_layers, position, max_length
         self.positions = make_position_layer(position, max_length, self.dtype_policy)
-        self.dropout = Dropout(dropout, dtype=self.dtype_policy)
+        self.drop_embeddings = Dropout(dropout, dtype=self.dtype_policy)
         self.layers = [self.layer_class(**self.layer_args, name=f"layer_{i}",
                                         dtype=self.dtype_policy) for i in range(num_layers)]
-        self.final_norm = (layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)
-                           if norm_first else None)
+        self.final_norm = (LayerNorm(layer_norm_epsilon, name="final_norm",
+                                     dtype=self.dtype_policy) if norm_first else None)
+
+    def build(self, input_shape, memory_shape=None):
+        self.positions.build(input_shape)
+        for layer in self.layers:  # decoder layers also see the memory's shape
+            layer.build(input_shape, *([] if memory_shape is None else [memory_shape]))
+        if self.final_norm is not None:
+            self.final_norm.build(input_shape)
 
     def compute_output_shape(self, input_shape, *args):
         return input_shape

@@ -15,7 +15,6 @@ import re
 import time
 
 import tensorflow as tf
-import tensorflow_text as tf_text
 
 from keras_transformer.config import ConfigError
 
@@ -36,8 +35,9 @@ class Tokenizer:
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
     def __init__(self, model_proto, sentencepiece=None):
-        """`sentencepiece`: a `tf_text.SentencepieceTokenizer` to use as it is (an exported
-        one reads its model from a SavedModel asset); by default one is built from the proto."""
+        """`sentencepiece`: a `tensorflow_text.SentencepieceTokenizer` to use as it is (an
+        exported one reads its model from a SavedModel asset); by default one is built from
+        the proto."""
         self.model_proto = bytes(model_proto)
         self._sentencepiece, self._pinned = sentencepiece, sentencepiece is not None
         self.vocab_size = int(self._ops().vocab_size())
@@ -55,8 +55,10 @@ class Tokenizer:
                     return self._sentencepiece
             except tf.errors.NotFoundError:
                 pass
-            self._sentencepiece = tf_text.SentencepieceTokenizer(model=self.model_proto,
-                                                                 out_type=tf.int32)
+            import tensorflow_text  # loaded on first use: `import keras_transformer` stays light
+
+            self._sentencepiece = tensorflow_text.SentencepieceTokenizer(
+                model=self.model_proto, out_type=tf.int32)
         return self._sentencepiece
 
     @classmethod
@@ -78,9 +80,11 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path):
+        """The tokenizer of a SentencePiece model file."""
         return cls(pathlib.Path(path).read_bytes())
 
     def save(self, path):
+        """Writes the SentencePiece model to `path`; returns the path."""
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.model_proto)
@@ -94,9 +98,12 @@ class Tokenizer:
         return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
     def tokenize(self, strings):
+        """strings [N] -> ids, a tf.RaggedTensor [N, None] int32 (stripped; no BOS/EOS)."""
         return self._ops().tokenize(tf.strings.strip(strings))
 
     def detokenize(self, ids):
+        """ids [N, L] (or ragged) -> strings [N], stopping at the first EOS, without padding
+        or BOS."""
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids, tf.int32))
         before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
@@ -112,6 +119,7 @@ class Tokenizer:
                               f"id {self.pad_id}: set pad_id={self.pad_id} in the model config.")
 
     def id_to_piece(self, ids):
+        """ids (any shape) -> their pieces as strings (same shape)."""
         return self._ops().id_to_string(ids)
 
 

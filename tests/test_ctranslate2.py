@@ -94,10 +94,10 @@ def our_pieces(translator, sources):
 def test_same_translations_as_our_search(converted):
     """On the sample test split: greedy identical; beam 4 with alpha 0.6 (normalized as
     CTranslate2 does, |Y| ** alpha) the same for at least 99% of sentences."""
-    from trainers import artifacts
+    from keras_transformer.run_dir import load_trained
 
     run_dir, folders, sources, _ = converted
-    model, tokenizer, _ = artifacts.load_trained(run_dir)
+    model, tokenizer, _ = load_trained(run_dir)
     for beam_size, needed in ((1, 1.0), (4, 0.99)):
         ours = kt.Translator(model, tokenizer, beam_size=beam_size, alpha=0.6, penalty="length",
                              batch_size=64)

@@ -61,7 +61,7 @@ def test_versions_are_numbered(export_dir):
 @pytest.mark.slow
 def test_fresh_process_serves_like_the_translator(trained_dir, export_dir):
     from keras_transformer.translator import Translator
-    from trainers import artifacts
+    from keras_transformer.run_dir import load_trained
 
     result = run("tests/serving_check.py", str(export_dir / "1"), json.dumps(INPUTS))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -74,7 +74,7 @@ def test_fresh_process_serves_like_the_translator(trained_dir, export_dir):
         ["translate_with_options", nbest, dict.fromkeys(nbest, 4)],
         ["translate_ids", ["scores", "sequences"], {"scores": 2, "sequences": 2}]]
 
-    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    model, tokenizer, _ = load_trained(trained_dir)
     expected = Translator(model, tokenizer, max_extra=MAX_EXTRA).translate(INPUTS)
     expected[1] = ""  # a blank request gets an empty translation
     assert served["translations"] == expected
@@ -122,9 +122,9 @@ def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(trained_dir)
     sequence and score 0, like a blank string. (The exported functions, in process, with a
     short max_input_length so the search stays small.)"""
     from export.saved_model import TranslationModule
-    from trainers import artifacts
+    from keras_transformer.run_dir import load_trained
 
-    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    model, tokenizer, _ = load_trained(trained_dir)
     module = TranslationModule(model, pathlib.Path(trained_dir) / "vocab.model",
                                max_extra=MAX_EXTRA, max_input_length=6)
     text = "A teacher knows that a child sees a ball."
@@ -143,7 +143,7 @@ def test_ids_signature_cuts_like_the_strings_and_empties_blank_rows(trained_dir)
 
 
 def test_options_signature_and_ids_signature_agree(loaded, trained_dir):
-    from trainers import artifacts
+    from keras_transformer.run_dir import load_tokenizer
 
     texts = tf.constant(INPUTS[:4])
     default = loaded.signatures["serving_default"](inputs=texts)
@@ -156,7 +156,7 @@ def test_options_signature_and_ids_signature_agree(loaded, trained_dir):
         inputs=texts, beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra=tf.constant(3),
         num_return=tf.constant(1))
     assert greedy["translations"].shape == (4,)
-    pieces = artifacts.load_tokenizer(trained_dir).tokenize(["Ich lache."]).to_list()[0]
+    pieces = load_tokenizer(trained_dir).tokenize(["Ich lache."]).to_list()[0]
     ids = loaded.signatures["translate_ids"](source_ids=tf.constant([pieces + [2]], tf.int32))
     assert ids["sequences"].shape[0] == 1
     np.testing.assert_allclose(ids["scores"], default["scores"][3:4], rtol=1e-5)
@@ -170,9 +170,9 @@ def test_options_per_row_merge_like_separate_requests(trained_dir):
     strings up to the batch's largest num_return. (In process, with short inputs.)"""
     from export.saved_model import TranslationModule
     from keras_transformer.decoding import greedy_search
-    from trainers import artifacts
+    from keras_transformer.run_dir import load_trained
 
-    model, tokenizer, _ = artifacts.load_trained(trained_dir)
+    model, tokenizer, _ = load_trained(trained_dir)
     module = TranslationModule(model, pathlib.Path(trained_dir) / "vocab.model",
                                max_extra=MAX_EXTRA, max_input_length=8)
     first, second = INPUTS[:3], INPUTS[3:5]

@@ -344,12 +344,13 @@ def test_config_file_and_command_line_combine(tmp_path):
     assert "beam_size" not in given and args.beam_size == 4  # untouched flags keep defaults
 
     config, settings = wmt.resolve_settings(args)
-    (tmp_path / "config.json").write_text(json.dumps({"model": config.to_dict(), "run": settings}))
+    (tmp_path / "config.json").write_text(json.dumps({"model": config.to_dict(),
+                                                      "run": settings.to_dict()}))
     again, _ = wmt.parse_arguments(["--config", str(tmp_path / "config.json")])
     config_again, settings_again = wmt.resolve_settings(again)
     assert config_again == config
-    assert {k: v for k, v in settings_again.items() if k not in wmt.RUN_ONLY} == \
-        {k: v for k, v in settings.items() if k not in wmt.RUN_ONLY}
+    assert {k: v for k, v in settings_again.to_dict().items() if k not in wmt.RUN_ONLY} == \
+        {k: v for k, v in settings.to_dict().items() if k not in wmt.RUN_ONLY}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -389,15 +390,15 @@ def test_a_model_of_another_shape_is_refused(tmp_path):
     """A model_dir keeps its model: another d_model is refused with the way out, and its
     config.json is left as it was."""
     from keras_transformer.config import ConfigError, TransformerConfig
-    from trainers import artifacts
+    from keras_transformer.run_dir import check_same_shape, write_run_config
 
     config = TransformerConfig.preset("tiny", vocab_size=500)
-    artifacts.write_run_config(tmp_path, config, {"dataset": "sample"})
+    write_run_config(tmp_path, config, {"dataset": "sample"})
     before = (tmp_path / "config.json").read_text()
-    artifacts.check_same_shape(tmp_path, TransformerConfig.preset("tiny", vocab_size=500,
+    check_same_shape(tmp_path, TransformerConfig.preset("tiny", vocab_size=500,
                                                                   dropout=0.3))  # same weights
     with pytest.raises(ConfigError, match=r"d_model 128 \(it has 256\).*--config"):
-        artifacts.check_same_shape(tmp_path, TransformerConfig.preset(
+        check_same_shape(tmp_path, TransformerConfig.preset(
             "tiny", vocab_size=500, d_model=128, num_heads=4))
     assert (tmp_path / "config.json").read_text() == before
 

@@ -22,17 +22,18 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     from keras_transformer.config import ConfigError
-    from trainers import artifacts, checkpoints
+    from keras_transformer import run_dir
+    from trainers import checkpoints
 
     model_dir = pathlib.Path(args.model_dir)
     try:
-        config, _ = artifacts.read_run_config(model_dir)
+        config, _ = run_dir.read_run_config(model_dir)
         paths = [pathlib.Path(p) for p in args.checkpoints] or \
-            checkpoints.list_checkpoints(model_dir / "checkpoints")[-args.last:]
+            run_dir.list_checkpoints(model_dir / "checkpoints")[-args.last:]
         missing = [str(p) for p in paths if not p.exists()]
         if missing or not paths:
             raise FileNotFoundError(f"No such checkpoint(s): {missing or 'none found'}")
-        model = artifacts.build_model(config)
+        model = run_dir.build_model(config)
         checkpoints.average_checkpoints(model, paths)
     except (FileNotFoundError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)

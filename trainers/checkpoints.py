@@ -6,20 +6,10 @@ import time
 
 import numpy as np
 
+from keras_transformer.run_dir import checkpoint_path, list_checkpoints
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_GLOB = "ckpt-*.weights.h5"
-
-
-def checkpoint_path(directory, step):
-    return pathlib.Path(directory) / f"ckpt-{step:08d}.weights.h5"
-
-
-def list_checkpoints(directory):
-    """Checkpoint files in `directory`, oldest step first."""
-    return sorted(pathlib.Path(directory).glob(CHECKPOINT_GLOB))
 
 
 class PeriodicCheckpoint(HostStepCounter):
@@ -46,9 +36,8 @@ class PeriodicCheckpoint(HostStepCounter):
             old.unlink()
 
     def on_train_batch_end(self, batch, logs=None):
-        before = self.step
         super().on_train_batch_end(batch, logs)
-        by_steps = self.every_steps and self.step // self.every_steps > before // self.every_steps
+        by_steps = self.crossed(self.every_steps)
         by_time = (self.every_minutes and
                    time.monotonic() - self._last_time >= 60 * self.every_minutes)
         if by_steps or by_time:

@@ -23,9 +23,9 @@ def make_translator(args):
 
         return CTranslate2Translator(args.model_dir, compute_type=args.compute_type, **settings)
     from keras_transformer.translator import Translator
-    from trainers import artifacts
+    from keras_transformer import run_dir
 
-    model, tokenizer, _ = artifacts.load_trained(args.model_dir, args.weights)
+    model, tokenizer, _ = run_dir.load_trained(args.model_dir, args.weights)
     return Translator(model, tokenizer, **settings)
 
 

@@ -10,9 +10,25 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_transformer.run_dir import build_model
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
+
+
+
+class WeightsCopy:
+    """A model of `config`, built on first use outside any distribution strategy, that
+    takes the weights of a training model: calling it with `model.get_weights()` returns it
+    with those weights (decoding and export trace the copy, not the training model)."""
+
+    def __init__(self, config):
+        self.config, self.model = config, None
+
+    def __call__(self, weights):
+        self.model = self.model or build_model(self.config)
+        self.model.set_weights(weights)
+        return self.model
 
 
 class BestCheckpoint:
@@ -91,9 +107,8 @@ class ValidationTranslation(HostStepCounter):
         self.history = []
 
     def on_train_batch_end(self, batch, logs=None):
-        before = self.step
         super().on_train_batch_end(batch, logs)
-        if self.step // self.every_steps > before // self.every_steps:
+        if self.crossed(self.every_steps):
             start = time.perf_counter()
             self.evaluate(self.step)
             if self.on_pause is not None:

@@ -45,14 +45,17 @@ class SkipCounts:
                         for reason in self.REASONS}
 
     def count(self, name, condition):
+        """Adds `condition` (bool, a scalar tensor) to the counter `name` ("kept" or a reason)."""
         variable = self.kept if name == "kept" else self.skipped[name]
         variable.assign_add(tf.cast(condition, tf.int64))
 
     def as_dict(self):
+        """{"kept": n, reason: n, ...} as Python ints."""
         return {"kept": int(self.kept.numpy()),
                 **{reason: int(v.numpy()) for reason, v in self.skipped.items()}}
 
     def log(self, what):
+        """Logs the counts, naming the input as `what`."""
         counts = self.as_dict()
         skipped = ", ".join(f"{counts[r]} {r}" for r in self.REASONS if counts[r]) or "none"
         logger.info("%s: %d pairs read; skipped: %s", what, counts["kept"], skipped)

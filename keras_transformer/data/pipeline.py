@@ -74,10 +74,12 @@ class PipelineStats:
         self.too_long = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def log(self):
+        """Logs the counts."""
         logger.info("input pipeline: %d pairs read and kept, %d skipped as longer than the limit",
                     int(self.kept.numpy()), int(self.too_long.numpy()))
 
     def as_dict(self):
+        """{"kept": n, "too_long": n} as Python ints."""
         return {"kept": int(self.kept.numpy()), "too_long": int(self.too_long.numpy())}
 
 
@@ -249,15 +251,8 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
             places several pairs in each row (see the module docstring).
         row_length: the row length of "concat" (default `max_length`).
     """
-    if max_length > batch_tokens:
-        raise ConfigError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
-                          f"length {max_length}: raise batch_tokens or lower max_length.")
-    if batching not in BATCHING:
-        raise ConfigError(f"batching={batching!r}: choose one of {', '.join(BATCHING)}.")
     row_length = row_length or max_length
-    if batching == "concat" and not max_length <= row_length <= batch_tokens:
-        raise ConfigError(f"row_length={row_length} must hold the longest pair (max_length="
-                          f"{max_length}) and fit in batch_tokens={batch_tokens}.")
+    _check_budget(batch_tokens, max_length, batching, row_length)
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle:
@@ -265,32 +260,49 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
     if repeat:
         pairs = pairs.repeat()
     dataset = encode_pairs(pairs, tokenizer, max_length, stats)
+    dataset = _batched(dataset, batching, static, batch_tokens, max_length, num_replicas,
+                       window, source_tokens, pad_id, row_length)
+    if shuffle:
+        dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
+
+def _check_budget(batch_tokens, max_length, batching, row_length):
+    """Raises ConfigError for a batch budget that cannot hold the longest pair or row."""
+    if max_length > batch_tokens:
+        raise ConfigError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
+                          f"length {max_length}: raise batch_tokens or lower max_length.")
+    if batching not in BATCHING:
+        raise ConfigError(f"batching={batching!r}: choose one of {', '.join(BATCHING)}.")
+    if batching == "concat" and not max_length <= row_length <= batch_tokens:
+        raise ConfigError(f"row_length={row_length} must hold the longest pair (max_length="
+                          f"{max_length}) and fit in batch_tokens={batch_tokens}.")
+
+
+def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, window,
+             source_tokens, pad_id, row_length):
+    """Encoded pairs -> batches, as `make_dataset`'s arguments of the same names say."""
     if batching == "concat":
         window = window or max(1024, batch_tokens // 8)
         dataset = dataset.ragged_batch(window).flat_map(_concatenated_rows(row_length, pad_id))
         rows = batch_tokens // row_length
         if static:  # fixed shapes, the batch divisible by the replicas
             rows = max(rows // num_replicas, 1) * num_replicas
-        dataset = dataset.batch(rows, drop_remainder=static)
-    elif static:
+        return dataset.batch(rows, drop_remainder=static)
+    if static:
         boundaries = bucket_boundaries(max_length)
         sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
 
         def length(inputs, labels):
             return tf.maximum(tf.size(inputs["source_ids"]), tf.size(labels))
 
-        dataset = dataset.bucket_by_sequence_length(
+        return dataset.bucket_by_sequence_length(
             length, boundaries, sizes, pad_to_bucket_boundary=True, drop_remainder=True,
             padding_values=({"source_ids": pad_id, "target_ids": pad_id}, pad_id))
-    else:
-        window = window or max(8192, 64 * batch_tokens // 8)
-        source_tokens = source_tokens or batch_tokens * 3 // 2
-        dataset = dataset.ragged_batch(window).flat_map(
-            _packed_batches(batch_tokens, source_tokens, pad_id, sort=batching == "packed"))
-    if shuffle:
-        dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    window = window or max(8192, 64 * batch_tokens // 8)
+    source_tokens = source_tokens or batch_tokens * 3 // 2
+    return dataset.ragged_batch(window).flat_map(
+        _packed_batches(batch_tokens, source_tokens, pad_id, sort=batching == "packed"))
 
 
 def static_shapes(max_length, batch_tokens, num_replicas=1):

@@ -48,54 +48,72 @@ PRONOUNS = [("I", "ich", 0), ("you", "du", 1), ("he", "er", 2), ("she", "sie", 2
             ("it", "es", 2), ("we", "wir", 3), ("they", "sie", 5)]
 
 
-def _verb(base, third, forms, objects=()):
-    return {"en": (base, third), "de": forms.split(), "objects": objects}
+def _verbs(table):
+    """Verbs from a table of lines "English base and 3rd person | German forms for ich, du,
+    er/sie/es, wir, ihr, sie | objects": none (intransitive), acc, dat, or dat acc (giving)."""
+    verbs = []
+    for line in table.strip().splitlines():
+        english, german, *objects = (part.strip() for part in line.split("|"))
+        verbs.append({"en": tuple(english.split()), "de": german.split(),
+                      "objects": tuple(objects[0].split()) if objects else ()})
+    return verbs
 
 
-# objects: () intransitive, ("acc",), ("dat",), or ("dat", "acc") for giving-verbs.
-VERBS = [
-    _verb("see", "sees", "sehe siehst sieht sehen seht sehen", ("acc",)),
-    _verb("buy", "buys", "kaufe kaufst kauft kaufen kauft kaufen", ("acc",)),
-    _verb("read", "reads", "lese liest liest lesen lest lesen", ("acc",)),
-    _verb("find", "finds", "finde findest findet finden findet finden", ("acc",)),
-    _verb("have", "has", "habe hast hat haben habt haben", ("acc",)),
-    _verb("visit", "visits", "besuche besuchst besucht besuchen besucht besuchen", ("acc",)),
-    _verb("carry", "carries", "trage trägst trägt tragen tragt tragen", ("acc",)),
-    _verb("need", "needs", "brauche brauchst braucht brauchen braucht brauchen", ("acc",)),
-    _verb("paint", "paints", "male malst malt malen malt malen", ("acc",)),
-    _verb("help", "helps", "helfe hilfst hilft helfen helft helfen", ("dat",)),
-    _verb("follow", "follows", "folge folgst folgt folgen folgt folgen", ("dat",)),
-    _verb("thank", "thanks", "danke dankst dankt danken dankt danken", ("dat",)),
-    _verb("give", "gives", "gebe gibst gibt geben gebt geben", ("dat", "acc")),
-    _verb("show", "shows", "zeige zeigst zeigt zeigen zeigt zeigen", ("dat", "acc")),
-    _verb("send", "sends", "schicke schickst schickt schicken schickt schicken", ("dat", "acc")),
-    _verb("sleep", "sleeps", "schlafe schläfst schläft schlafen schlaft schlafen"),
-    _verb("laugh", "laughs", "lache lachst lacht lachen lacht lachen"),
-    _verb("wait", "waits", "warte wartest wartet warten wartet warten"),
-    _verb("work", "works", "arbeite arbeitest arbeitet arbeiten arbeitet arbeiten"),
-    _verb("sing", "sings", "singe singst singt singen singt singen"),
-]
+VERBS = _verbs("""
+    see sees | sehe siehst sieht sehen seht sehen | acc
+    buy buys | kaufe kaufst kauft kaufen kauft kaufen | acc
+    read reads | lese liest liest lesen lest lesen | acc
+    find finds | finde findest findet finden findet finden | acc
+    have has | habe hast hat haben habt haben | acc
+    visit visits | besuche besuchst besucht besuchen besucht besuchen | acc
+    carry carries | trage trägst trägt tragen tragt tragen | acc
+    need needs | brauche brauchst braucht brauchen braucht brauchen | acc
+    paint paints | male malst malt malen malt malen | acc
+    help helps | helfe hilfst hilft helfen helft helfen | dat
+    follow follows | folge folgst folgt folgen folgt folgen | dat
+    thank thanks | danke dankst dankt danken dankt danken | dat
+    give gives | gebe gibst gibt geben gebt geben | dat acc
+    show shows | zeige zeigst zeigt zeigen zeigt zeigen | dat acc
+    send sends | schicke schickst schickt schicken schickt schicken | dat acc
+    sleep sleeps | schlafe schläfst schläft schlafen schlaft schlafen
+    laugh laughs | lache lachst lacht lachen lacht lachen
+    wait waits | warte wartest wartet warten wartet warten
+    work works | arbeite arbeitest arbeitet arbeiten arbeitet arbeiten
+    sing sings | singe singst singt singen singt singen
+""")
 # Verbs that introduce a "that" clause.
-SAY_VERBS = [
-    _verb("know", "knows", "weiß weißt weiß wissen wisst wissen"),
-    _verb("think", "thinks", "glaube glaubst glaubt glauben glaubt glauben"),
-    _verb("say", "says", "sage sagst sagt sagen sagt sagen"),
-]
+SAY_VERBS = _verbs("""
+    know knows | weiß weißt weiß wissen wisst wissen
+    think thinks | glaube glaubst glaubt glauben glaubt glauben
+    say says | sage sagst sagt sagen sagt sagen
+""")
 
-_DEFINITE = {"nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
-             "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"},
-             "dat": {"m": "dem", "f": "der", "n": "dem", "pl": "den"}}
-_EIN = {"nom": {"m": "ein", "f": "eine", "n": "ein", "pl": "e"},
-        "acc": {"m": "einen", "f": "eine", "n": "ein", "pl": "e"},
-        "dat": {"m": "einem", "f": "einer", "n": "einem", "pl": "en"}}
-# Adjective endings after the definite article (weak), after ein/kein (mixed), and with no
-# article (strong; only plurals go without an article here).
-_WEAK = {"nom": {"m": "e", "f": "e", "n": "e", "pl": "en"},
-         "acc": {"m": "en", "f": "e", "n": "e", "pl": "en"},
-         "dat": {"m": "en", "f": "en", "n": "en", "pl": "en"}}
-_MIXED = {"nom": {"m": "er", "f": "e", "n": "es", "pl": "en"},
-          "acc": {"m": "en", "f": "e", "n": "es", "pl": "en"},
-          "dat": {"m": "en", "f": "en", "n": "en", "pl": "en"}}
+def _by_case(table):
+    """{case: {gender: word}} from lines "case masculine feminine neuter plural"."""
+    rows = (line.split() for line in table.strip().splitlines())
+    return {case: dict(zip(("m", "f", "n", "pl"), words)) for case, *words in rows}
+
+
+# By case and gender: the definite article; the endings of ein/kein; adjective endings after
+# the definite article (weak) and after ein/kein (mixed). With no article (strong) only
+# plurals occur here: _STRONG_PLURAL.
+_DEFINITE, _EIN, _WEAK, _MIXED = (_by_case(table) for table in """
+    nom der die das die
+    acc den die das die
+    dat dem der dem den
+    ---
+    nom ein eine ein e
+    acc einen eine ein e
+    dat einem einer einem en
+    ---
+    nom e e e en
+    acc en e e en
+    dat en en en en
+    ---
+    nom er e es en
+    acc en e es en
+    dat en en en en
+""".split("---"))
 _STRONG_PLURAL = {"nom": "e", "acc": "e", "dat": "en"}
 
 
@@ -107,13 +125,16 @@ class NounPhrase:
 
     @property
     def person(self):
+        """The verb's person: 5 (they) for plurals, else 2 (he/she/it)."""
         return 5 if self.plural else 2
 
     @property
     def indefinite(self):
+        """Whether the phrase is indefinite (its determiner is not "the")."""
         return self.determiner != "the"
 
     def english(self, negated=False):
+        """The English noun phrase ("no ..." when `negated`)."""
         words = ([self.adjective[0]] if self.adjective else []) + [self.noun[1 if self.plural else 0]]
         if negated:
             return " ".join(["no"] + words)
@@ -178,6 +199,7 @@ class Clause:
         return self.negated and self._kein_object is None
 
     def english(self, question=False):
+        """The English clause (a yes/no question when `question`)."""
         person = self._person()
         base, third = self.verb["en"]
         do = "does" if person == 2 else "do"
@@ -191,6 +213,7 @@ class Clause:
         return " ".join(words)
 
     def german_main(self, question=False):
+        """The German main clause (verb second, or first in a question)."""
         verb = self.verb["de"][self._person()]
         rest = self._objects_de() + (["nicht"] if self._uses_nicht() else [])
         if question:
@@ -198,6 +221,7 @@ class Clause:
         return " ".join([self._subject_de(), verb] + rest)
 
     def german_subordinate(self):
+        """The German subordinate clause (verb last)."""
         verb = self.verb["de"][self._person()]
         nicht = ["nicht"] if self._uses_nicht() else []
         return " ".join([self._subject_de()] + self._objects_de() + nicht + [verb])
@@ -266,6 +290,7 @@ def sample_pairs(split="train"):
 
 
 def main():
+    """`--out DIR`: writes the splits as TSV files."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for train/validation/test .tsv")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""What a training run leaves in `--model_dir`, and how later jobs rebuild the model from it:
+"""A trained run's folder (`--model_dir`) and how later jobs rebuild the model from it:
 
     config.json          the TransformerConfig and the run's data settings
     vocab.model          the shared SentencePiece vocabulary
@@ -18,23 +18,37 @@
 import json
 import pathlib
 
-import keras_transformer as kt
+from keras_transformer.config import ConfigError, TransformerConfig
+from keras_transformer.model import Transformer
 from keras_transformer.tokenizer import Tokenizer
-from trainers import checkpoints
+
+CHECKPOINT_GLOB = "ckpt-*.weights.h5"
+
+
+def checkpoint_path(directory, step):
+    """checkpoints/ckpt-<step>.weights.h5 under `directory`."""
+    return pathlib.Path(directory) / f"ckpt-{step:08d}.weights.h5"
+
+
+def list_checkpoints(directory):
+    """Checkpoint files in `directory`, oldest step first."""
+    return sorted(pathlib.Path(directory).glob(CHECKPOINT_GLOB))
 
 
 def write_run_config(model_dir, config, settings):
+    """Writes config.json: the model's `config` and the run's `settings` (a dict)."""
     path = pathlib.Path(model_dir) / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"model": config.to_dict(), "run": settings}, indent=2))
 
 
 def read_run_config(model_dir):
+    """(TransformerConfig, run settings dict) from config.json."""
     path = pathlib.Path(model_dir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {model_dir} a trained model_dir?")
     data = json.loads(path.read_text())
-    return kt.TransformerConfig.from_dict(data["model"]), data["run"]
+    return TransformerConfig.from_dict(data["model"]), data["run"]
 
 
 def check_same_shape(model_dir, config):
@@ -47,34 +61,22 @@ def check_same_shape(model_dir, config):
     differences = existing.shape_differences(config)
     if differences:
         listed = ", ".join(f"{name} {theirs} (it has {mine})" for name, mine, theirs in differences)
-        raise kt.ConfigError(
+        raise ConfigError(
             f"--model_dir {model_dir} holds a model of another shape: this run asks for "
             f"{listed}. Use a new --model_dir, or continue that run with its own settings: "
             f"--config {path}.")
 
 
 def load_tokenizer(model_dir):
+    """The run's shared vocabulary (vocab.model)."""
     return Tokenizer.load(pathlib.Path(model_dir) / "vocab.model")
 
 
 def build_model(config):
-    model = kt.Transformer(config)
+    """A built `Transformer` of `config`, with fresh weights."""
+    model = Transformer(config)
     model.build()
     return model
-
-
-class WeightsCopy:
-    """A model of `config`, built on first use outside any distribution strategy, that
-    takes the weights of a training model: calling it with `model.get_weights()` returns it
-    with those weights (decoding and export trace the copy, not the training model)."""
-
-    def __init__(self, config):
-        self.config, self.model = config, None
-
-    def __call__(self, weights):
-        self.model = self.model or build_model(self.config)
-        self.model.set_weights(weights)
-        return self.model
 
 
 def best_weights(model_dir):
@@ -83,7 +85,7 @@ def best_weights(model_dir):
     averaged = model_dir / "averaged.weights.h5"
     if averaged.exists():
         return averaged
-    found = checkpoints.list_checkpoints(model_dir / "checkpoints")
+    found = list_checkpoints(model_dir / "checkpoints")
     if not found:
         raise FileNotFoundError(f"No weights in {model_dir} (no averaged.weights.h5, no "
                                 "checkpoints/ckpt-*.weights.h5).")

@@ -1,0 +1,131 @@
+"""What each hand-written kernel buys end to end: `python -m trainers.wmt` on the sample corpus
+(the quick start's corpus, model and batch budget), with all of them, with each one replaced by
+the stock Keras/TensorFlow version, and with all four replaced, alternated, for the same
+wall-clock each.
+
+    python -m benchmarks.kernels [--minutes 1.5] [--repeats 2]
+        [--out benchmarks/results/kernels.json]
+
+The four: `FusedAdam` (TensorFlow's fused Adam kernel; stock: `keras.optimizers.Adam` with the
+same settings), the closed-form `LayerNorm` gradient (stock: autodiff of the same formula), the
+16-bit `Dropout` (stock: `keras.layers.Dropout`) and the hand-written label-smoothed loss
+gradient (stock: `tf.nn.softmax_cross_entropy_with_logits` on the smoothed one-hot target).
+Reports real target tokens per second (tracing excluded) and the ratio to the run with all
+four; the CPU model, its flags and the float32 matmul peak are printed beside the figures.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.end_to_end import CORPORA, ROOT
+
+KERNELS = ("adam", "layer_norm", "dropout", "loss")
+VARIANTS = {"hand-written": (), **{f"stock {k}": (k,) for k in KERNELS}, "all stock": KERNELS}
+
+
+def use_stock(kernels):
+    """Replaces the named hand-written kernels with the stock versions in this process (call it
+    before training starts)."""
+    import keras
+    import tensorflow as tf
+
+    import keras_transformer as kt
+    from keras_transformer import layer_norm, losses
+    from keras_transformer.kernels import dropout
+
+    if "adam" in kernels:
+        def stock_adam(learning_rate, gradient_accumulation_steps=None, **kwargs):
+            settings = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
+            return keras.optimizers.Adam(learning_rate=learning_rate, **settings,
+                                         gradient_accumulation_steps=gradient_accumulation_steps)
+        kt.make_optimizer = stock_adam
+    if "layer_norm" in kernels:
+        def stock_layer_norm(x, gamma, beta, epsilon):
+            x32 = tf.cast(x, tf.float32)
+            mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+            normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
+            return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32),
+                           x.dtype)
+        layer_norm.layer_norm = stock_layer_norm
+    if "dropout" in kernels:
+        dropout.Dropout.call = keras.layers.Dropout.call
+    if "loss" in kernels:
+        def stock_loss(labels, logits, label_smoothing):
+            vocab = tf.shape(logits)[-1]
+            target = tf.one_hot(tf.cast(labels, tf.int32), vocab) * (1.0 - label_smoothing)
+            target += label_smoothing / tf.cast(vocab, tf.float32)
+            return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
+        losses.smoothed_cross_entropy = stock_loss
+
+
+LAUNCH = ("import sys; from benchmarks.kernels import use_stock; use_stock(sys.argv[1].split(',')); "
+          "from trainers.wmt import main; sys.exit(main(sys.argv[2:]))")
+
+
+def run(kernels, minutes, work):
+    settings = CORPORA["sample"]
+    model_dir = work / f"run-{random.random():.6f}"
+    command = [sys.executable, "-c", LAUNCH, ",".join(kernels), "--dataset", "sample",
+               "--preset", "tiny", "--vocab_size", str(settings["vocab_size"]),
+               "--batch_tokens", str(settings["batch_tokens"]),
+               "--max_train_length", str(settings["max_length"]),
+               "--warmup_steps", str(settings["warmup_steps"]),
+               "--lr_scale", str(settings["lr_scale"]), "--precision", "float32",
+               "--train_minutes", str(minutes), "--train_steps", "1000000",
+               "--steps_per_epoch", "100", "--no_eval", "--no_validation",
+               "--eval_every_steps", "0", "--model_dir", str(model_dir), "--verbose", "2"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the trainer failed:\n{result.stderr[-4000:]}")
+    summary = json.loads((model_dir / "train_summary.json").read_text())
+    return {"target_tokens_per_s": summary["tokens_per_second"], "steps": summary["steps"],
+            "final_loss": summary["final_loss"]}
+
+
+def markdown(report):
+    h = report["hardware"]
+    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul "
+             f"peak {h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+             f"the sample corpus, tiny preset, float32, {report['minutes']:g} minutes a run",
+             "", "| kernels | real target tokens/s (each run) | median | vs hand-written |",
+             "|---|---|---|---|"]
+    base = report["median"]["hand-written"]
+    for name, runs in report["runs"].items():
+        each = ", ".join(f"{r['target_tokens_per_s']:,.0f}" for r in runs)
+        median = report["median"][name]
+        lines.append(f"| {name} | {each} | {median:,.0f} | {median / base:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=1.5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/kernels.json")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from benchmarks.end_to_end import hardware
+
+    report = {"minutes": args.minutes, "hardware": hardware(),
+              "runs": {name: [] for name in VARIANTS}}
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kt-kernels-"))
+    for _ in range(args.repeats):  # alternated, so drift hits every variant alike
+        for name, kernels in VARIANTS.items():
+            report["runs"][name].append(run(kernels, args.minutes, work))
+            print(name, report["runs"][name][-1], flush=True)
+    report["median"] = {name: statistics.median(r["target_tokens_per_s"] for r in runs)
+                        for name, runs in report["runs"].items()}
+    from benchmarks import save
+
+    save(args.out, report, markdown(report))
+
+
+if __name__ == "__main__":
+    main()

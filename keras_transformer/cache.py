@@ -1,0 +1,69 @@
+"""The decoding cache: what lets the decoder produce one position per step (§3.2.3, §6.1)
+without recomputing the positions before it.
+
+For each decoder layer the cache is one dict of four tensors:
+
+    "key", "value"                [B, kv_heads, L, d_k]  self-attention keys and values of
+                                  positions 0 .. L - 1: preallocated zeros, written as each
+                                  position is decoded (`write`), so every shape stays static
+                                  (XLA, TPUs, SavedModels); the causal mask hides the slots
+                                  not written yet.
+    "memory_key", "memory_value"  [B, kv_heads, S, d_k]  encoder-decoder keys and values of
+                                  the encoder memory, computed once per source batch.
+
+Heads come before positions, so attention reads the cache without a transpose. A search loop
+carries only the self-attention half (`carried`), which changes every step, and keeps the
+memory half (`fixed`) outside the loop; beam search `reorder`s the carried half to follow each
+hypothesis's parent.
+"""
+
+import tensorflow as tf
+
+SELF_ATTENTION = ("key", "value")
+MEMORY = ("memory_key", "memory_value")
+
+
+def empty(batch_size, kv_heads, max_length, head_dim, dtype):
+    """Zeroed self-attention keys and values, each [B, kv_heads, max_length, d_k]."""
+    zeros = tf.zeros([batch_size, kv_heads, max_length, head_dim], dtype)
+    return zeros, zeros
+
+
+def layer_cache(key, value, memory_key, memory_value):
+    """One decoder layer's cache, as laid out above."""
+    return {"key": key, "value": value, "memory_key": memory_key, "memory_value": memory_value}
+
+
+def write(buffer, update, index):
+    """`buffer` [B, H, L, d] with `update` [B, H, T, d] written at positions index .. index +
+    T - 1. Static shapes and core TF ops only, so it compiles under XLA and serves from a
+    SavedModel."""
+    shape = tf.shape(update)
+    batch, heads, steps = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]),
+                                      tf.range(shape[2]) + tf.cast(index, tf.int32),
+                                      indexing="ij")
+    indices = tf.reshape(tf.stack([batch, heads, steps], axis=-1), [-1, 3])
+    flat = tf.reshape(update, [-1, shape[3]])
+    return tf.tensor_scatter_nd_update(buffer, indices, tf.cast(flat, buffer.dtype))
+
+
+def carried(caches):
+    """The part of per-layer caches that changes every step: the self-attention keys, values."""
+    return [{name: c[name] for name in SELF_ATTENTION} for c in caches]
+
+
+def fixed(caches):
+    """The part that never changes while decoding: the encoder-decoder keys and values."""
+    return [{name: c[name] for name in MEMORY} for c in caches]
+
+
+def merged(carried_caches, fixed_caches):
+    """Whole per-layer caches from their `carried` and `fixed` parts."""
+    return [{**c, **f} for c, f in zip(carried_caches, fixed_caches)]
+
+
+def reorder(carried_caches, parents):
+    """The carried caches (or any structure of [N, ...] tensors) of the hypotheses `parents`
+    [N] (beam search: each hypothesis continues its parent's). The fixed part is the same for
+    every beam of a source."""
+    return tf.nest.map_structure(lambda t: tf.gather(t, parents), carried_caches)

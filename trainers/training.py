@@ -1,0 +1,185 @@
+"""Training a run: the model compiled for the strategy, the resumable input, the callbacks
+(schedule, checkpoints, backups, validation, BLEU, best/, TensorBoard) and `model.fit`."""
+
+import json
+import time
+
+import keras
+import tensorflow as tf
+
+import keras_transformer as kt
+from keras_transformer.data import corpora, pipeline
+from keras_transformer.translator import Translator
+from trainers import corpus
+from trainers.backup import TrainingBackup, restore_backup
+from trainers.callbacks import TargetTokens, Throughput, TimeBudget
+from trainers.checkpoints import PeriodicCheckpoint
+from trainers.evaluation import score
+from trainers.resumable_input import ResumableInput
+from trainers.strategy import is_chief, worker_id
+from trainers.validation import (BestCheckpoint, ValidationLoss, ValidationTranslation,
+                                 WeightsCopy)
+
+
+def checkpoint_dir(model_dir, chief, worker):
+    """The chief's checkpoints are the run's; other workers keep theirs apart."""
+    return model_dir / "checkpoints" if chief else model_dir / "workers" / worker / "checkpoints"
+
+
+def validation_translation(settings, tokenizer, model_dir, copy):
+    """The callback that translates the first --eval_sentences validation sentences every
+    --eval_every_steps (with `copy`, a `WeightsCopy`) and scores them; None when that is off or
+    there is no validation split."""
+    if not settings.eval_every_steps or not settings.eval_sentences:
+        return None
+    try:
+        pairs = corpus.split_pairs(settings, "validation").take(settings.eval_sentences)
+        pairs = list(pairs.as_numpy_iterator())
+    except corpora.DataError as error:
+        print(f"No BLEU during training: {error}", flush=True)
+        return None
+    translators = []
+
+    def make_translator(weights):  # one Translator, so its traced decoding is reused
+        model = copy(weights)
+        if not translators:
+            translators.append(Translator(model, tokenizer, beam_size=settings.eval_beam_size,
+                                          alpha=settings.alpha, max_extra=settings.max_extra,
+                                          batch_size=settings.eval_batch_size))
+        return translators[0]
+
+    return ValidationTranslation(
+        settings.eval_every_steps, [s.decode("utf-8") for s, _ in pairs],
+        [t.decode("utf-8") for _, t in pairs], make_translator,
+        lambda hypotheses, references: score(hypotheses, references), model_dir / "eval",
+        model_dir / "logs" / "eval")
+
+
+def best_checkpoint(settings, model_dir, copy, bleu_evaluated, validated):
+    """best/ by --best_metric (loss when BLEU is not evaluated), exported with `copy` (a
+    `WeightsCopy`) under --export_on_best; None without validation."""
+    metric = settings.best_metric if bleu_evaluated else "loss"
+    if metric == "loss" and not validated:
+        return None
+    if not settings.export_on_best:
+        return BestCheckpoint(model_dir / "best", metric)
+    from export.saved_model import export
+
+    def export_best(weights, folder):
+        return export(copy(weights), model_dir / "vocab.model", folder,
+                      beam_size=settings.beam_size, alpha=settings.alpha,
+                      max_extra=settings.max_extra)
+    return BestCheckpoint(model_dir / "best", metric, export_best)
+
+
+def evaluation_callbacks(settings, config, tokenizer, model_dir, validated, throughput):
+    """The chief's: TensorBoard, BLEU every --eval_every_steps, the validation loss at the
+    global step, and best/."""
+    # update_freq="epoch": with a step count, Keras 3.15 records no epoch summaries (no
+    # validation loss, no learning rate) unless the epoch ends on a multiple of it.
+    callbacks = [keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq="epoch")]
+    copy = WeightsCopy(config)  # one model beside the trained one, built on first use
+    translation = validation_translation(settings, tokenizer, model_dir, copy)
+    best = best_checkpoint(settings, model_dir, copy, translation is not None, validated)
+    if translation is not None:
+        translation.best, translation.on_pause = best, throughput.exclude
+        callbacks.append(translation)
+    if validated:
+        callbacks.append(ValidationLoss(model_dir / "logs" / "eval", settings.backup_every_steps,
+                                        best))
+    return callbacks
+
+
+def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
+                   resumable_input, validated, budget=None):
+    """Every callback of the run, in the order Keras calls them."""
+    chief, worker = is_chief(strategy), worker_id(strategy)
+    throughput = Throughput(settings.batch_tokens)
+    callbacks = [
+        kt.ScheduleCallback(schedule),
+        throughput,
+        keras.callbacks.TerminateOnNaN(),
+        PeriodicCheckpoint(checkpoint_dir(model_dir, chief, worker),
+                           settings.checkpoint_every_steps, settings.checkpoint_every_minutes,
+                           settings.keep_checkpoints),
+        TrainingBackup(model_dir / "backup" / worker, resumable_input,
+                       settings.backup_every_steps * settings.grad_accum),
+    ]
+    if budget is not None:
+        callbacks.append(budget)
+    if chief:
+        callbacks += evaluation_callbacks(settings, config, tokenizer, model_dir, validated,
+                                          throughput)
+    return callbacks
+
+
+def compiled_model(settings, config, schedule, strategy):
+    """The Transformer, its optimizer (§5.3), loss (§5.4) and metrics, built in `strategy`."""
+    accumulation = settings.grad_accum if settings.grad_accum > 1 else None
+    with strategy.scope():
+        model = kt.Transformer(config)
+        model.build()
+        model.compile(optimizer=kt.make_optimizer(schedule,
+                                                  gradient_accumulation_steps=accumulation),
+                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
+                      metrics=[kt.MaskedTokenAccuracy(config.pad_id), kt.Perplexity(config.pad_id),
+                               TargetTokens(config.pad_id)],
+                      jit_compile=settings.jit_compile,
+                      steps_per_execution=settings.steps_per_execution)
+    return model
+
+
+def report(settings, model, throughput, seconds, model_dir, chief):
+    """Writes train_summary.json (chief) and prints the run's throughput."""
+    summary = {**throughput.summary(), "fit_seconds": seconds,
+               "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+               "precision": settings.precision, "batch_tokens": settings.batch_tokens}
+    if chief:
+        (model_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    if summary.get("real_token_share") is not None:
+        print(f"trained to step {summary['steps']}: {summary['tokens_per_second']:,.0f} real "
+              f"target tokens/s, {100 * summary['real_token_share']:.1f}% of the batch budget "
+              "real target tokens", flush=True)
+
+
+def train(settings, config, strategy, tokenizer, model_dir):
+    """Trains (or resumes) the run in `model_dir` to --train_steps or --train_minutes."""
+    worker = worker_id(strategy)
+    schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
+    model = compiled_model(settings, config, schedule, strategy)
+    static = settings.static_batches or isinstance(strategy, tf.distribute.TPUStrategy)
+    replicas = strategy.num_replicas_in_sync
+    stats = pipeline.PipelineStats()
+    resumable_input = ResumableInput(corpus.training_batches(settings, config, tokenizer,
+                                                             replicas, static, stats))
+    # A Keras epoch is one backup interval; validation comes every --steps_per_epoch.
+    interval = settings.backup_every_steps
+    epochs, done = config.train_steps // interval, 0
+    restored = restore_backup(model_dir / "backup" / worker, model, resumable_input)
+    if restored:
+        done = restored["epoch"]
+        print(f"Resumed at step {restored['step']}: weights, optimizer and input position "
+              f"restored in {restored['seconds']:.1f} s ({restored['skipped']} batches read "
+              "again to reach the position)", flush=True)
+    budget = None
+    if settings.train_minutes is not None:
+        budget = TimeBudget(settings.train_minutes, model_dir / "backup" / worker / "time.json")
+        if budget.exhausted():
+            print(f"The time budget of {settings.train_minutes:g} minutes is used up: "
+                  "no more training.", flush=True)
+            done = epochs
+    if done < epochs:
+        validation = corpus.validation_batches(settings, config, tokenizer, replicas, static)
+        callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
+                                   resumable_input, validation is not None, budget)
+        start = time.monotonic()
+        model.fit(resumable_input.dataset.with_options(corpus.distribution_options()),
+                  epochs=epochs, initial_epoch=done,
+                  steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
+                  verbose=settings.verbose, shuffle=False, validation_data=validation,
+                  validation_freq=settings.steps_per_epoch // interval)
+        throughput = next(c for c in callbacks if isinstance(c, Throughput))
+        report(settings, model, throughput, time.monotonic() - start, model_dir,
+               is_chief(strategy))
+    stats.log()
+    corpus.log_skipped()
