@@ -1,17 +1,20 @@
-"""What each hand-written kernel buys end to end: `python -m trainers.wmt` on the sample corpus
-(the quick start's corpus, model and batch budget), with all of them, with each one replaced by
-the stock Keras/TensorFlow version, and with all four replaced, alternated, for the same
+"""What hand-written kernels buy end to end: `python -m trainers.wmt` on the sample corpus (the
+quick start's corpus, model and batch budget) with the library's kernels, with each one
+replaced by the stock Keras/TensorFlow version, and with all replaced, alternated, for the same
 wall-clock each.
 
     python -m benchmarks.kernels [--minutes 1.5] [--repeats 2]
-        [--out benchmarks/results/kernels.json]
+        [--out benchmarks/results/kernels_now.json]
 
-The four: `FusedAdam` (TensorFlow's fused Adam kernel; stock: `keras.optimizers.Adam` with the
-same settings), the closed-form `LayerNorm` gradient (stock: autodiff of the same formula), the
-16-bit `Dropout` (stock: `keras.layers.Dropout`) and the hand-written label-smoothed loss
-gradient (stock: `tf.nn.softmax_cross_entropy_with_logits` on the smoothed one-hot target).
-Reports real target tokens per second (tracing excluded) and the ratio to the run with all
-four; the CPU model, its flags and the float32 matmul peak are printed beside the figures.
+What it replaces (`KERNELS`): the 16-bit `Dropout` (stock: `keras.layers.Dropout`), the one
+left. At commit 4434798 it also replaced `FusedAdam` (TensorFlow's fused Adam kernel; stock:
+`keras.optimizers.Adam`), the closed-form `LayerNorm` gradient (stock: autodiff of the same
+formula) and the hand-written label-smoothed loss gradient (stock:
+`tf.nn.softmax_cross_entropy_with_logits` on the smoothed one-hot target): none gained beyond
+the run-to-run spread (benchmarks/results/kernels.md, kernels_round1.md), so the library now
+uses the stock versions. Reports real target tokens per second (tracing excluded) and the
+ratio to the run with the kernels; the CPU model, its flags and the float32 matmul peak are
+printed beside the figures.
 """
 
 import argparse
@@ -26,43 +29,19 @@ import tempfile
 
 from benchmarks.end_to_end import CORPORA, ROOT
 
-KERNELS = ("adam", "layer_norm", "dropout", "loss")
-VARIANTS = {"hand-written": (), **{f"stock {k}": (k,) for k in KERNELS}, "all stock": KERNELS}
+KERNELS = ("dropout",)
+VARIANTS = {"hand-written": (), **{f"stock {k}": (k,) for k in KERNELS}}
 
 
 def use_stock(kernels):
     """Replaces the named hand-written kernels with the stock versions in this process (call it
     before training starts)."""
     import keras
-    import tensorflow as tf
 
-    import keras_transformer as kt
-    from keras_transformer import layer_norm, losses
-    from keras_transformer.kernels import dropout
+    from keras_transformer import dropout
 
-    if "adam" in kernels:
-        def stock_adam(learning_rate, gradient_accumulation_steps=None, **kwargs):
-            settings = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
-            return keras.optimizers.Adam(learning_rate=learning_rate, **settings,
-                                         gradient_accumulation_steps=gradient_accumulation_steps)
-        kt.make_optimizer = stock_adam
-    if "layer_norm" in kernels:
-        def stock_layer_norm(x, gamma, beta, epsilon):
-            x32 = tf.cast(x, tf.float32)
-            mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
-            normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
-            return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32),
-                           x.dtype)
-        layer_norm.layer_norm = stock_layer_norm
     if "dropout" in kernels:
         dropout.Dropout.call = keras.layers.Dropout.call
-    if "loss" in kernels:
-        def stock_loss(labels, logits, label_smoothing):
-            vocab = tf.shape(logits)[-1]
-            target = tf.one_hot(tf.cast(labels, tf.int32), vocab) * (1.0 - label_smoothing)
-            target += label_smoothing / tf.cast(vocab, tf.float32)
-            return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
-        losses.smoothed_cross_entropy = stock_loss
 
 
 LAUNCH = ("import sys; from benchmarks.kernels import use_stock; use_stock(sys.argv[1].split(',')); "
@@ -108,7 +87,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=1.5)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/kernels.json")
+    parser.add_argument("--out", default="benchmarks/results/kernels_now.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from benchmarks.end_to_end import hardware

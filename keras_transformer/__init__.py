@@ -13,7 +13,7 @@ from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_a
 from keras_transformer.config import PRESETS, ConfigError, TransformerConfig
 from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
-from keras_transformer.kernels.dropout import Dropout
+from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import (
     LearnedPositionEmbedding,
     PositionalEncoding,
@@ -26,7 +26,7 @@ from keras_transformer.layer_norm import LayerNorm
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy, Perplexity
 from keras_transformer.masks import causal_mask, padding_mask
 from keras_transformer.model import Transformer
-from keras_transformer.optimizer import FusedAdam, make_optimizer
+from keras_transformer.optimizer import FusedAdam, TokenWeightedAdam, make_optimizer
 from keras_transformer.outputs import WithCache, WithCacheAndWeights, WithWeights
 from keras_transformer.residual import Residual
 from keras_transformer.schedule import ScheduleCallback, TransformerSchedule

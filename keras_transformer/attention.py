@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import cache as decoding_cache
-from keras_transformer.kernels.dropout import Dropout
+from keras_transformer.dropout import Dropout
 from keras_transformer.masks import MASKED_SCORE
 from keras_transformer.outputs import layer_output
 

@@ -3,7 +3,15 @@
 import keras
 import tensorflow as tf
 
-from keras_transformer.kernels.layer_norm import layer_norm
+
+def layer_norm(x, gamma, beta, epsilon):
+    """gamma * (x - mean) / sqrt(var + epsilon) + beta over the last axis of x [..., d],
+    computed in float32 and returned in x's dtype. (A closed-form gradient written by hand
+    was removed: `python -m benchmarks.kernels` showed no end-to-end gain.)"""
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
+    return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32), x.dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -3,7 +3,17 @@
 import keras
 import tensorflow as tf
 
-from keras_transformer.kernels.cross_entropy import smoothed_cross_entropy
+
+
+def smoothed_cross_entropy(labels, logits, label_smoothing):
+    """Per-token cross-entropy [...] of `logits` [..., V] against the smoothed target
+    (1 - eps) * one_hot(labels) + eps / V (§5.4), computed in float32. (A hand-written
+    gradient that avoided the [..., V] target was removed: `python -m benchmarks.kernels`
+    showed no end-to-end gain.)"""
+    vocab = tf.shape(logits)[-1]
+    target = tf.one_hot(tf.cast(labels, tf.int32), vocab) * (1.0 - label_smoothing)
+    target += label_smoothing / tf.cast(vocab, tf.float32)
+    return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
 
 
 def global_sum(value):

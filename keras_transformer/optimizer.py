@@ -1,15 +1,69 @@
 """The optimizer of §5.3: Adam with beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9."""
 
-from keras_transformer.kernels.fused_adam import FusedAdam
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenWeightedAdam(keras.optimizers.Adam):
+    """`keras.optimizers.Adam` (§5.3) whose gradient accumulation weighs every real token
+    alike. With gradient accumulation a learning-rate schedule sees the number of weight
+    updates (Keras 3.15 hands it the number of micro-batches), and an update is the gradient of
+    the mean loss over the real tokens of all its micro-batches together: Keras averages the
+    micro-batches' gradients, each already divided by its own token count, so a short
+    micro-batch's tokens would weigh more than a long one's. `Transformer.train_step` hands
+    this optimizer each micro-batch's real-token count (`micro_batch_tokens`); the loss is
+    scaled by it and the accumulated gradient divided by the update's total. Without
+    accumulation it is `keras.optimizers.Adam`.
+    """
+
+    micro_batch_tokens = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.gradient_accumulation_steps:
+            self._accumulated_tokens = self.add_variable(
+                (), initializer="zeros", name="accumulated_tokens",
+                aggregation="only_first_replica")
+
+    def _token_weighted(self):
+        return bool(self.gradient_accumulation_steps) and self.micro_batch_tokens is not None
+
+    def scale_loss(self, loss):
+        loss = super().scale_loss(loss)
+        if not self._token_weighted():
+            return loss
+        tokens = tf.cast(self.micro_batch_tokens, loss.dtype)
+        self._accumulated_tokens.assign_add(tf.cast(tokens, tf.float32))
+        return loss * tokens  # the gradient of the micro-batch's summed token losses
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if self._token_weighted():
+            # Keras divided the summed gradients by the number of micro-batches.
+            scale = self.gradient_accumulation_steps / tf.maximum(
+                self._accumulated_tokens.value, 1.0)
+            grads = [g * tf.cast(scale, g.dtype) for g in grads]
+            self._accumulated_tokens.assign(0.0)
+        return super()._backend_update_step(grads, trainable_variables, learning_rate)
+
+    def _get_current_learning_rate(self):
+        if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
+
+
+# Its name while it updated each variable with TensorFlow's fused Adam kernel; that kernel was
+# removed (`python -m benchmarks.kernels`: no end-to-end gain), the name kept for old code.
+FusedAdam = TokenWeightedAdam
 
 
 def make_optimizer(learning_rate, gradient_accumulation_steps=None, **kwargs):
     """Adam with the paper's settings: beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 (§5.3), as
-    `FusedAdam`; keyword arguments override them or add other Keras optimizer settings.
+    `TokenWeightedAdam`; keyword arguments override them or add other Keras optimizer settings.
 
     `learning_rate` is a schedule (a `TransformerSchedule`, evaluated inside the train step)
     or a float.
     """
     settings = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
-    return FusedAdam(learning_rate=learning_rate,
-                     gradient_accumulation_steps=gradient_accumulation_steps, **settings)
+    return TokenWeightedAdam(learning_rate=learning_rate,
+                             gradient_accumulation_steps=gradient_accumulation_steps, **settings)

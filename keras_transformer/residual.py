@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.kernels.dropout import Dropout
+from keras_transformer.dropout import Dropout
 from keras_transformer.layer_norm import LayerNorm
 
 

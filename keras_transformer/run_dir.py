@@ -92,9 +92,22 @@ def best_weights(model_dir):
     return found[-1]
 
 
+def load_weights(model, path):
+    """Loads the weights file `path` into `model`, refusing (ConfigError) one whose layers do
+    not match, e.g. written before the sub-layers became `Residual` layers."""
+    try:
+        model.load_weights(path)
+    except (ValueError, KeyError) as error:
+        raise ConfigError(
+            f"{path} does not fit this model's layers ({str(error)[:300]}). Files written by "
+            "keras-transformer before the readability pass (commit 4434798) keep each norm "
+            "in its encoder/decoder layer instead of a Residual layer: read them with that "
+            "version, or train anew.") from error
+
+
 def load_trained(model_dir, weights=None):
     """(model, tokenizer, run settings) from a model_dir, with the best weights loaded."""
     config, settings = read_run_config(model_dir)
     model = build_model(config)
-    model.load_weights(weights or best_weights(model_dir))
+    load_weights(model, weights or best_weights(model_dir))
     return model, load_tokenizer(model_dir), settings

@@ -4,7 +4,7 @@ each in a residual connection, stacked N times over the embeddings plus position
 import keras
 
 from keras_transformer.attention import MultiHeadAttention
-from keras_transformer.kernels.dropout import Dropout
+from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import make_position_layer
 from keras_transformer.feed_forward import FeedForward
 from keras_transformer.layer_norm import LayerNorm

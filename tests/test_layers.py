@@ -1,4 +1,5 @@
-"""LayerNorm and Dropout against independent computations; the fused Adam against Keras'."""
+"""LayerNorm, Dropout and the residual connection against independent computations; the
+fused Adam against Keras'."""
 
 import keras
 import numpy as np
@@ -82,3 +83,29 @@ def test_fused_adam_matches_keras_adam(rng, accumulate):
     assert isinstance(kt.make_optimizer(0.01), kt.FusedAdam)
     assert not np.allclose(finals[0], start)
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_is_post_ln_or_pre_ln_and_passes_extras_through(rng, norm_first):
+    """§3.1: LayerNorm(x + Sublayer(x)); pre-LN: x + Sublayer(LayerNorm(x)) (dropout off at
+    inference); a sub-layer's cache comes back with the new output."""
+    x = rng.normal(size=(2, 3, 8)).astype(np.float32)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+    gamma, beta = rng.normal(size=8), rng.normal(size=8)
+    residual = kt.Residual(dropout=0.3, norm_first=norm_first)
+    residual.build(x.shape)
+    residual.norm.gamma.assign(gamma)
+    residual.norm.beta.assign(beta)
+
+    def layer_norm(v):
+        normed = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-6)
+        return normed * gamma + beta
+
+    expected = x + layer_norm(x) @ w if norm_first else layer_norm(x + x @ w)
+    out = residual(tf.constant(x), sublayer=lambda y: tf.matmul(y, w), training=False)
+    np.testing.assert_allclose(out, expected, atol=1e-4)
+    cache = {"key": tf.ones([1])}
+    with_cache = residual(tf.constant(x), sublayer=lambda y: kt.WithCache(tf.matmul(y, w), cache),
+                          training=False)
+    assert isinstance(with_cache, kt.WithCache) and with_cache.cache is cache
+    np.testing.assert_allclose(with_cache.outputs, expected, atol=1e-4)

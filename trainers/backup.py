@@ -8,6 +8,7 @@ import shutil
 import time
 
 from keras_transformer.config import ConfigError
+from keras_transformer.run_dir import load_weights
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def restore_backup(directory, model, resumable_input):
     metadata = json.loads((found[-1] / "metadata.json").read_text())
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    model.load_weights(found[-1] / "state.weights.h5")
+    load_weights(model, found[-1] / "state.weights.h5")
     skipped = resumable_input.restore([p / "input" for p in reversed(found)],
                                       metadata["batches"])
     metadata.update(skipped=skipped, seconds=time.monotonic() - start)

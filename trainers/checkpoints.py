@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from keras_transformer.run_dir import checkpoint_path, list_checkpoints
+from keras_transformer.run_dir import checkpoint_path, list_checkpoints, load_weights
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def average_checkpoints(model, paths):
     total = None
     for index, path in enumerate(paths):
         logger.info("averaging: reading %s (%d of %d)", path.name, index + 1, len(paths))
-        model.load_weights(path)
+        load_weights(model, path)
         weights = [np.asarray(w, np.float64) for w in model.get_weights()]
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
     mean = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, model.get_weights())]
