@@ -114,7 +114,7 @@ class Transformer(keras.Model):
     def train_step(self, data):
         if getattr(self.optimizer, "gradient_accumulation_steps", None) and hasattr(
                 self.optimizer, "micro_batch_tokens"):
-            # FusedAdam weights micro-batches by their real tokens (global over replicas).
+            # TokenWeightedAdam weights micro-batches by their real tokens (global over replicas).
             labels = data[1]
             real = tf.reduce_sum(tf.cast(self.padding_mask(labels), tf.float32))
             self.optimizer.micro_batch_tokens = global_sum(real)
