@@ -86,9 +86,13 @@ def restore_backup(directory, model, resumable_input):
         return None
     start = time.monotonic()
     metadata = json.loads((found[-1] / "metadata.json").read_text())
-    if model.optimizer is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    load_weights(model, found[-1] / "state.weights.h5")
+    # The optimizer's slots are variables: under MirroredStrategy (or any other) they must be
+    # created in the scope the model was built in, or Keras raises "Need to be inside
+    # `with strategy.scope()`".
+    with model.distribute_strategy.scope():
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        load_weights(model, found[-1] / "state.weights.h5")
     skipped = resumable_input.restore([p / "input" for p in reversed(found)],
                                       metadata["batches"])
     metadata.update(skipped=skipped, seconds=time.monotonic() - start)

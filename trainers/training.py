@@ -85,8 +85,7 @@ def evaluation_callbacks(settings, config, tokenizer, model_dir, validated, thro
         translation.best, translation.on_pause = best, throughput.exclude
         callbacks.append(translation)
     if validated:
-        callbacks.append(ValidationLoss(model_dir / "logs" / "eval", settings.backup_every_steps,
-                                        best))
+        callbacks.append(ValidationLoss(model_dir / "logs" / "eval", best))
     return callbacks
 
 
@@ -133,7 +132,7 @@ def report(settings, model, throughput, seconds, model_dir, chief):
     """Writes train_summary.json (chief) and prints the run's throughput."""
     summary = {**throughput.summary(), "fit_seconds": seconds,
                "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
-               "precision": settings.precision, "batch_tokens": settings.batch_tokens}
+               "precision": settings.precision_chosen, "batch_tokens": settings.batch_tokens}
     if chief:
         (model_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     if summary.get("real_token_share") is not None:

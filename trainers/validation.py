@@ -16,7 +16,6 @@ from keras_transformer.schedule import HostStepCounter
 logger = logging.getLogger(__name__)
 
 
-
 class WeightsCopy:
     """A model of `config`, built on first use outside any distribution strategy, that
     takes the weights of a training model: calling it with `model.get_weights()` returns it
@@ -65,20 +64,21 @@ class BestCheckpoint:
         return True
 
 
-class ValidationLoss(keras.callbacks.Callback):
+class ValidationLoss(HostStepCounter):
     """Writes Keras' validation loss and perplexity (val_loss, val_perplexity) to TensorBoard
     as validation/loss and validation/perplexity at the global step, and offers the step to
-    `best` when it keeps the best by loss."""
+    `best` when it keeps the best by loss. The step is the host's count of updates, not the
+    epoch's nominal end: a time budget that stops an epoch early validates the step reached."""
 
-    def __init__(self, log_dir, steps_per_epoch, best=None):
+    def __init__(self, log_dir, best=None):
         super().__init__()
-        self.log_dir, self.steps_per_epoch, self.best = log_dir, steps_per_epoch, best
+        self.log_dir, self.best = log_dir, best
         self._writer = None
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs or "val_loss" not in logs:
             return
-        step = (epoch + 1) * self.steps_per_epoch
+        step = self.step
         self._writer = self._writer or tf.summary.create_file_writer(str(self.log_dir))
         with self._writer.as_default(step=step):
             tf.summary.scalar("validation/loss", logs["val_loss"])

@@ -287,7 +287,8 @@ def config_file_arguments(path, parser):
 
 # Settings of a run that describe the process rather than the run, left out when a run's
 # config.json is read back.
-RUN_ONLY = ("eval_only", "model_dir", "verbose", "config")
+RUN_ONLY = ("eval_only", "model_dir", "verbose", "config", "precision_chosen",
+            "precision_reason")
 
 
 def parse_arguments(argv=None):
@@ -366,6 +367,10 @@ class RunSettings:
     eval_batch_size: int
     tokenized_bleu: bool
     config: str | None = None  # the --config file the flags came from, if any
+    # What --precision resolved to on this machine, and why (`precision` stays as asked, so
+    # a config.json of an `auto` run is `auto` on other hardware too).
+    precision_chosen: str | None = None
+    precision_reason: str | None = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -487,9 +492,10 @@ def start_tensorflow(settings):
     if settings.deterministic:
         tf.config.experimental.enable_op_determinism()
     strategy = resolve_strategy(settings.strategy, settings.tpu)
-    settings.precision, why = choose_precision(settings.precision, strategy)
-    keras.mixed_precision.set_global_policy(settings.precision)
-    print(f"precision {settings.precision} ({why})", flush=True)
+    chosen, why = choose_precision(settings.precision, strategy)
+    settings.precision_chosen, settings.precision_reason = chosen, why
+    keras.mixed_precision.set_global_policy(chosen)
+    print(f"precision {chosen} ({why})", flush=True)
     return strategy
 
 
