@@ -3,7 +3,7 @@
 (benchmarks/keras_hub_loop.py), on the same corpus, vocabulary, token budget, dimensions and
 schedule, for the same wall-clock each, alternated.
 
-    python -m benchmarks.end_to_end [--corpus sample|natural] [--minutes 5] [--repeats 1]
+    python -m benchmarks.end_to_end [--corpus sample|natural|news] [--minutes 5] [--repeats 1]
         [--precision float32] [--train_files train.tsv --test_files test.tsv]
         [--out benchmarks/results/end_to_end_<corpus>.json]
 
@@ -12,7 +12,9 @@ that is real target tokens, the final training loss (mean over the last epoch or
 and greedy BLEU on the first `--eval_sentences` held-out sentences (the trainer: the last
 checkpoint, no averaging, beam 1, no length penalty). `sample` is the embedded sample corpus
 (what the quick start trains on); `natural` joins sample sentences into pairs of natural,
-WMT-like lengths (1 to 8 sentences, mean about 27 words) and trains through `--dataset files`.
+WMT-like lengths (1 to 8 sentences, mean about 27 words) and trains through `--dataset files`;
+`news` is real text (../shared/corpora/en-de-news: news and Tatoeba sentences, newstest2020 as
+the held-out split), read where it lies.
 The CPU model, its vector flags and the float32 matmul peak are printed beside the figures.
 """
 
@@ -35,7 +37,26 @@ CORPORA = {
                    lr_scale=0.5),
     "natural": dict(vocab_size=8000, batch_tokens=4000, max_length=128, warmup_steps=400,
                     lr_scale=0.5),
+    # Real text: ../shared/corpora/en-de-news (news and Tatoeba), at the size the speed issue
+    # measured it (tiny, vocabulary 8,000, 4,000 tokens a batch).
+    "news": dict(vocab_size=8000, batch_tokens=4000, max_length=128, warmup_steps=400,
+                 lr_scale=0.5),
 }
+# Where the real EN-DE corpus lies: --news_dir, else $KT_EN_DE_NEWS, else the shared folder
+# beside the checkout. It is read from there, never copied.
+NEWS_DIR = os.environ.get("KT_EN_DE_NEWS", str(ROOT.parent / "shared/corpora/en-de-news"))
+
+
+def news_corpus(directory):
+    """{split: [english file, german file]} of the real corpus in `directory`."""
+    directory = pathlib.Path(directory)
+    files = {split: [directory / f"{name}.en.gz", directory / f"{name}.de.gz"]
+             for split, name in (("train", "train"), ("test", "test"))}
+    missing = [str(p) for paths in files.values() for p in paths if not p.exists()]
+    if missing:
+        raise SystemExit(f"--corpus news: {', '.join(missing)} not found; give the corpus "
+                         "folder with --news_dir or $KT_EN_DE_NEWS.")
+    return files
 
 
 def hardware():
@@ -70,7 +91,7 @@ def natural_corpus(directory, seed=0):
             lines.append(" ".join(s for s, _ in chunk) + "\t" + " ".join(t for _, t in chunk))
         paths[split] = pathlib.Path(directory) / f"natural.{split}.tsv"
         paths[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return paths
+    return {split: [path] for split, path in paths.items()}
 
 
 def prepare_vocabulary(corpus_args, model_dir):
@@ -117,7 +138,8 @@ def run_peer(settings, vocab, files, args, work):
                "--minutes", str(args.minutes), "--eval_sentences", str(args.eval_sentences),
                "--out", str(out)]
     if files:
-        command += ["--train_files", str(files["train"]), "--test_files", str(files["test"])]
+        command += ["--train_files", *map(str, files["train"]),
+                    "--test_files", *map(str, files["test"])]
     print("$", " ".join(command[1:]), flush=True)
     env = dict(os.environ)
     if not args.peer_bfc:  # what a keras-hub user runs: TensorFlow's default CPU allocator
@@ -152,8 +174,12 @@ def markdown(report):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="sample")
-    parser.add_argument("--train_files", default=None, help="a TSV to use instead of --corpus")
-    parser.add_argument("--test_files", default=None)
+    parser.add_argument("--train_files", nargs="+", default=None,
+                        help="a TSV or two aligned files to use instead of --corpus")
+    parser.add_argument("--test_files", nargs="+", default=None)
+    parser.add_argument("--news_dir", default=NEWS_DIR,
+                        help="--corpus news: the en-de-news folder (default $KT_EN_DE_NEWS or "
+                             "../shared/corpora/en-de-news)")
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--precision", default="float32")
@@ -174,6 +200,8 @@ def main(argv=None):
         files = {"train": args.train_files, "test": args.test_files}
     elif args.corpus == "natural":
         files = natural_corpus(work)
+    elif args.corpus == "news":
+        files = news_corpus(args.news_dir)
     common = ["--vocab_size", str(settings["vocab_size"]),
               "--batch_tokens", str(settings["batch_tokens"]),
               "--max_train_length", str(settings["max_length"]),
@@ -181,11 +209,11 @@ def main(argv=None):
               "--warmup_steps", str(settings["warmup_steps"]),
               "--lr_scale", str(settings["lr_scale"])]
     if files:
-        corpus_args = ["--dataset", "files", "--train_files", str(files["train"]),
-                       "--test_files", str(files["test"]), *common]
+        corpus_args = ["--dataset", "files", "--train_files", *map(str, files["train"]),
+                       "--test_files", *map(str, files["test"]), *common]
     else:
         corpus_args = ["--dataset", "sample", *common]
-    report = {"corpus": args.train_files or args.corpus, "precision": args.precision,
+    report = {"corpus": " ".join(args.train_files) if args.train_files else args.corpus, "precision": args.precision,
               "ours_args": args.ours_args,
               "minutes": args.minutes, "settings": settings, "hardware": hardware(),
               "ours": [], "peer": []}

@@ -6,15 +6,17 @@ by length and packed into batches under the same token budget (batch x longest s
 x longest target within it), batch order shuffled each epoch; keras-hub's `TransformerEncoder`,
 `TransformerDecoder`, `ReversibleEmbedding` and `SinePositionEncoding` at the trainer's
 dimensions (benchmarks/peer.py); stock `keras.optimizers.Adam` (beta2 0.98, epsilon 1e-9) with
-the §5.3 schedule; Keras' stock `SparseCategoricalCrossentropy(ignore_class=0)` (Keras has no
-label smoothing for sparse labels); `model.fit` for a wall-clock budget; greedy decoding with
-keras-hub's `GreedySampler` at the end.
+the §5.3 schedule; Keras' `categorical_crossentropy` with label smoothing 0.1 (§5.4) on one-hot
+labels, masked to the real target tokens; `model.fit` for a wall-clock budget; greedy decoding
+with keras-hub's `GreedySampler` at the end, its first hypotheses printed beside the references.
 
     python -m benchmarks.keras_hub_loop --vocab vocab.model --minutes 5 --out peer.json \
-        [--train_files train.tsv --test_files test.tsv] [--preset tiny] [--batch_tokens 2048]
+        [--train_files train.tsv | train.en.gz train.de.gz] [--test_files ...] [--preset tiny]
+        [--batch_tokens 2048]
 """
 
 import argparse
+import gzip
 import json
 import math
 import pathlib
@@ -22,13 +24,24 @@ import random
 import time
 
 
-def read_pairs(dataset, split, files):
-    if files:
-        lines = pathlib.Path(files).read_text(encoding="utf-8").splitlines()
-        return [tuple(line.split("\t")) for line in lines if line.count("\t") == 1]
-    from keras_transformer.data import sample_corpus
+def read_lines(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        return [line.rstrip("\n") for line in f]
 
-    return sample_corpus.sample_pairs(split)
+
+def read_pairs(split, files):
+    """(source, target) pairs: one TSV, two aligned files (plain or .gz), or the sample
+    corpus's `split`. Blank pairs are left out, as the trainer leaves them out."""
+    if not files:
+        from keras_transformer.data import sample_corpus
+
+        return sample_corpus.sample_pairs(split)
+    if len(files) == 2:
+        pairs = list(zip(read_lines(files[0]), read_lines(files[1])))
+    else:
+        pairs = [tuple(line.split("\t")) for line in read_lines(files[0]) if line.count("\t") == 1]
+    return [(s.strip(), t.strip()) for s, t in pairs if s.strip() and t.strip()]
 
 
 def tokenize(tokenizer, texts, chunk=4096):
@@ -69,8 +82,11 @@ def to_arrays(batch):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", required=True, help="the trainer's SentencePiece model")
-    parser.add_argument("--train_files", default=None, help="a TSV (default: the sample corpus)")
-    parser.add_argument("--test_files", default=None, help="a TSV (default: the sample corpus)")
+    parser.add_argument("--train_files", nargs="+", default=None,
+                        help="a TSV or two aligned files (default: the sample corpus)")
+    parser.add_argument("--test_files", nargs="+", default=None,
+                        help="a TSV or two aligned files (default: the sample corpus)")
+    parser.add_argument("--label_smoothing", type=float, default=0.1, help="§5.4 (0: none)")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--batch_tokens", type=int, default=2048)
     parser.add_argument("--max_length", type=int, default=64)
@@ -98,7 +114,7 @@ def main(argv=None):
     tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(proto=proto)
     bos, eos = 1, 2
 
-    train = read_pairs("sample", "train", args.train_files)
+    train = read_pairs("train", args.train_files)
     sources, targets = tokenize(tokenizer, [s for s, _ in train]), tokenize(tokenizer, [t for _, t in train])
     pairs = [(s + [eos], [bos] + t + [eos]) for s, t in zip(sources, targets)
              if len(s) + 1 <= args.max_length and len(t) + 1 <= args.max_length]
@@ -124,8 +140,19 @@ def main(argv=None):
                                          max_length=args.max_length)
     model = PeerTransformer(config)
     schedule = kt.TransformerSchedule(config.d_model, args.warmup_steps, args.lr_scale)
+    vocab_size = config.vocab_size
+
+    def smoothed_loss(labels, logits):
+        """Keras' label-smoothed categorical cross-entropy on one-hot labels, averaged over
+        the real (non-padding) target tokens: what a keras-hub user writes for §5.4."""
+        real = keras.ops.cast(labels != 0, "float32")
+        per_token = keras.losses.categorical_crossentropy(
+            keras.ops.one_hot(labels, vocab_size), logits, from_logits=True,
+            label_smoothing=args.label_smoothing)
+        return keras.ops.sum(per_token * real) / keras.ops.maximum(keras.ops.sum(real), 1.0)
+
     model.compile(optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
+                  loss=smoothed_loss)
 
     class Clock(keras.callbacks.Callback):
         """Stops after the budget; times from the end of the first step (tracing excluded)."""
@@ -146,7 +173,7 @@ def main(argv=None):
     seconds = time.monotonic() - clock.first_end
     trained = [real_tokens[i] for i in order_log[:clock.steps]]
 
-    test = read_pairs("sample", "test", args.test_files)[:args.eval_sentences]
+    test = read_pairs("test", args.test_files)[:args.eval_sentences]
     test_ids = tokenize(tokenizer, [s for s, _ in test])
     hypotheses = []
     for start in range(0, len(test), 64):
@@ -163,6 +190,9 @@ def main(argv=None):
             text = text[0] if isinstance(text, list) else text.numpy()[0]
             hypotheses.append(text.decode("utf-8") if isinstance(text, bytes) else str(text))
     bleu = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in test]]).score
+    for (source, reference), hypothesis in list(zip(test, hypotheses))[:5]:  # is it translating?
+        print(f"source:     {source}\nreference:  {reference}\nhypothesis: {hypothesis}\n",
+              flush=True)
     report = {"steps": clock.steps, "train_seconds": seconds + (clock.first_end - clock.start),
               "target_tokens": sum(trained),
               "target_tokens_per_s": sum(trained[1:]) / max(seconds, 1e-9),

@@ -103,9 +103,11 @@ class SharedEmbedding(keras.layers.Layer):
         )
 
     def call(self, ids):
-        table = tf.cast(self.embeddings, self.compute_dtype)
-        ids = tf.cast(ids, tf.int32)
-        return tf.gather(table, ids) * tf.cast(math.sqrt(self.d_model), self.compute_dtype)
+        # Gather, then cast the rows: casting the whole [V, d] table would cost a pass over it
+        # at every call (every decoding step among them).
+        rows = tf.gather(self.embeddings, tf.cast(ids, tf.int32))
+        return tf.cast(rows, self.compute_dtype) * tf.cast(math.sqrt(self.d_model),
+                                                            self.compute_dtype)
 
     def logits(self, x):
         """x [B, T, d_model] -> logits [B, T, vocab_size] in float32 (x W^T, no bias)."""

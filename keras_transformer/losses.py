@@ -11,8 +11,11 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
     gradient that avoided the [..., V] target was removed: `python -m benchmarks.kernels`
     showed no end-to-end gain.)"""
     vocab = tf.shape(logits)[-1]
-    target = tf.one_hot(tf.cast(labels, tf.int32), vocab) * (1.0 - label_smoothing)
-    target += label_smoothing / tf.cast(vocab, tf.float32)
+    off = label_smoothing / tf.cast(vocab, tf.float32)
+    # One pass writes the smoothed target (a one-hot then scaled and shifted took three
+    # passes over [..., V]).
+    target = tf.one_hot(tf.cast(labels, tf.int32), vocab, on_value=1.0 - label_smoothing + off,
+                        off_value=off)
     return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
 
 
@@ -118,9 +121,13 @@ class Perplexity(RealTokenMean):
         super().__init__(pad_id=pad_id, name=name, **kwargs)
 
     def token_values(self, y_true, y_pred):
-        """The negative log-likelihood [B, T] of y_true [B, T] under logits y_pred [B, T, V]."""
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y_true, logits=tf.cast(y_pred, tf.float32))
+        """The negative log-likelihood [B, T] of y_true [B, T] under logits y_pred [B, T, V]:
+        log(sum(exp(logits))) - logits[y_true]. (A metric needs no gradient, which
+        `tf.nn.sparse_softmax_cross_entropy_with_logits` computes and writes anyway, as a
+        [B, T, V] tensor, at every training step.)"""
+        logits = tf.cast(y_pred, tf.float32)
+        chosen = tf.gather(logits, y_true[..., None], batch_dims=y_true.shape.rank)[..., 0]
+        return tf.reduce_logsumexp(logits, axis=-1) - chosen
 
     def finish(self, mean):
         """exp(mean NLL)."""

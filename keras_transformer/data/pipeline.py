@@ -12,7 +12,7 @@ Batching modes:
   (fairseq's and OpenNMT-tf's "sort within a window and fill to the budget"). Batches are
   padded to their own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
   corpus, against 77-84% with length buckets); they are shuffled afterwards. Ties in target
-  length keep their random order. Nothing is dropped.
+  length are sorted by source length, so a batch's sources are alike too. Nothing is dropped.
 - dynamic "mixed": the window is cut in its shuffled order instead: batches of mixed
   lengths, with padding (about half the budget on the sample corpus). On that corpus, whose
   sentence templates are nearly fixed by their length, batches of one length learn markedly
@@ -106,9 +106,8 @@ def encode_pairs(pairs, tokenizer, max_length, stats=None):
 def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None, sort=True):
     """Cuts a window of pairs into batches that fill the target budget.
 
-    Sorts the pairs by target length (ties keep their shuffled order, so a batch mixes
-    source lengths and sentence shapes; `sort=False` keeps the shuffled order, for batches
-    of mixed lengths) and walks them in that order, starting a new batch
+    Sorts the pairs by target length, then source length (`sort=False` keeps the shuffled
+    order, for batches of mixed lengths), and walks them in that order, starting a new batch
     whenever one more pair would take B x longest target over `batch_tokens` or B x longest
     source over `source_tokens` (default `batch_tokens`). Returns a `tf.RaggedTensor`
     [batches, None] of indices into the window, one row per batch.
@@ -116,7 +115,11 @@ def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None
     source_tokens = source_tokens or batch_tokens
     source_lengths = tf.cast(source_lengths, tf.int32)
     target_lengths = tf.cast(target_lengths, tf.int32)
-    order = tf.argsort(target_lengths if sort else tf.zeros_like(target_lengths), stable=True)
+    # By target length, then source length: a batch of one target length then holds sources
+    # of similar lengths too, so its longest source neither pads the rest nor cuts the batch
+    # short of the target budget.
+    key = target_lengths * (tf.reduce_max(source_lengths) + 1) + source_lengths
+    order = tf.argsort(key if sort else tf.zeros_like(target_lengths), stable=True)
 
     def add(state, lengths):
         batch, count, longest_source, longest_target = state

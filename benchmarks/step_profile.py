@@ -1,0 +1,173 @@
+"""Where one training step goes: the trainer's own model, loss, metrics and optimizer
+(trainers.training.compiled_model) on real batches from its own input pipeline, profiled with
+the TensorFlow profiler; op time grouped by op type and by part of the step, beside the step's
+matmul floor (benchmarks.training.matmul_floor: exactly the step's matrix products, alone).
+
+    python -m benchmarks.step_profile [--corpus news|sample] [--precision float32]
+        [--steps 8] [--news_dir DIR] [--out benchmarks/results/step_profile_<corpus>_<precision>.json]
+
+Op times are summed over TensorFlow's threads (2 on a 2-core machine), so shares are of the
+op time, not of the wall clock; the wall-clock step time and the floor are measured apart.
+"""
+
+import argparse
+import collections
+import glob
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+
+from benchmarks.end_to_end import CORPORA, NEWS_DIR, hardware, news_corpus
+
+# The part of the step an op belongs to, by its name scope (Keras computes the compiled
+# metrics outside any scope of their own: they are the rest).
+PARTS = (("optimizer", ("token_weighted_adam/", "/adam/")),
+         ("loss", ("compile_loss/",)),
+         ("backward", ("gradient_tape/",)),
+         ("forward", ("/transformer",)))
+
+
+def part_of(name):
+    for part, markers in PARTS:
+        if any(marker in name for marker in markers):
+            return part
+    return "metrics and the rest"
+
+
+def op_times(logdir):
+    """{(op type, part): seconds} summed over the profile's TensorFlow op events."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    times = collections.Counter()
+    for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(pathlib.Path(path).read_bytes())
+        for plane in space.planes:
+            for line in plane.lines:
+                for event in line.events:
+                    name = plane.event_metadata[event.metadata_id].name
+                    if ":" not in name or not name.startswith("StatefulPartitionedCall"):
+                        continue
+                    scope, kind = name.rsplit(":", 1)
+                    times[(kind, part_of(scope))] += event.duration_ps / 1e12
+    return times
+
+
+def trainer_setup(corpus_args):
+    """(config, settings, model, batches) as `python -m trainers.wmt corpus_args` builds them."""
+    import tensorflow as tf
+    import keras
+
+    import keras_transformer as kt
+    from trainers import corpus, training, wmt
+
+    config, settings = wmt.resolve_settings(wmt.build_parser().parse_args(corpus_args))
+    keras.mixed_precision.set_global_policy(settings.precision)
+    tokenizer = corpus.get_tokenizer(settings, config, tempfile.mkdtemp())
+    config = kt.TransformerConfig.preset(settings.preset, **{
+        **config.to_dict(), "vocab_size": tokenizer.vocab_size})
+    schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
+    model = training.compiled_model(settings, config, schedule, tf.distribute.get_strategy())
+    batches = corpus.training_batches(settings, config, tokenizer, 1, False, None)
+    return config, settings, model, batches
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", choices=("news", "sample"), default="news")
+    parser.add_argument("--news_dir", default=NEWS_DIR)
+    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=12, help="steps before the profile")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    from benchmarks import save
+    from benchmarks.training import matmul_floor
+
+    s = CORPORA[args.corpus]
+    corpus_args = ["--dataset", "sample"]
+    if args.corpus == "news":
+        files = news_corpus(args.news_dir)
+        corpus_args = ["--dataset", "files", "--train_files", *map(str, files["train"])]
+    corpus_args += ["--preset", "tiny", "--precision", args.precision,
+                    "--vocab_size", str(s["vocab_size"]), "--batch_tokens", str(s["batch_tokens"]),
+                    "--max_train_length", str(s["max_length"]), "--max_length", "256"]
+    config, settings, model, batches = trainer_setup(corpus_args)
+    fixed = list(batches.take(args.warmup + 2 * args.steps).as_numpy_iterator())
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(fixed), output_signature=batches.element_spec)
+
+    step_times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            float(logs["loss"])
+            step_times.append(time.perf_counter() - self.start)
+
+    model.fit(dataset, steps_per_epoch=args.warmup, epochs=1, verbose=0, callbacks=[Timer()])
+    step_times.clear()
+    model.fit(dataset.skip(args.warmup), steps_per_epoch=args.steps, epochs=1, verbose=0,
+              callbacks=[Timer()])
+    logdir = tempfile.mkdtemp(prefix="kt-profile-")
+    tf.profiler.experimental.start(logdir)
+    model.fit(dataset.skip(args.warmup + args.steps), steps_per_epoch=args.steps, epochs=1,
+              verbose=0)
+    tf.profiler.experimental.stop()
+    times = op_times(logdir)
+
+    profiled = fixed[args.warmup:args.warmup + args.steps]
+    floors = []
+    for inputs, labels in profiled:
+        batch, source = inputs["source_ids"].shape
+        floors.append(matmul_floor(config, batch, source, labels.shape[1],
+                                   tf.bfloat16 if "bfloat16" in args.precision else tf.float32,
+                                   repeats=3))
+    real = statistics.mean(float((labels != 0).sum()) for _, labels in profiled)
+    step = statistics.median(step_times)
+    floor = statistics.mean(floors)
+    total = sum(times.values())
+    by_type, by_part = collections.Counter(), collections.Counter()
+    for (kind, part), seconds in times.items():
+        by_type[kind] += seconds
+        by_part[part] += seconds
+    report = {"hardware": hardware(), "corpus": args.corpus, "precision": args.precision,
+              "steps": args.steps, "step_s": step, "matmul_floor_s": floor,
+              "real_target_tokens_per_step": real, "tokens_per_second": real / step,
+              "op_seconds_per_step": total / args.steps,
+              "by_part": {k: v / total for k, v in by_part.most_common()},
+              "by_type": {k: v / total for k, v in by_type.most_common()},
+              "top": [{"op": kind, "part": part, "share": seconds / total}
+                      for (kind, part), seconds in times.most_common(args.top)]}
+    save(args.out or f"benchmarks/results/step_profile_{args.corpus}_{args.precision}.json",
+         report, markdown(report))
+
+
+def markdown(report):
+    h = report["hardware"]
+    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
+             f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+             f"tiny on the {report['corpus']} corpus, {report['precision']}, the trainer's own "
+             f"batches ({report['real_target_tokens_per_step']:,.0f} real target tokens a step)",
+             "",
+             f"step {report['step_s']:.3f} s (median), matmul floor {report['matmul_floor_s']:.3f}"
+             f" s: step/floor **{report['step_s'] / report['matmul_floor_s']:.2f}**; "
+             f"{report['tokens_per_second']:,.0f} real target tokens/s",
+             "", "| part of the step | share of op time |", "|---|---|"]
+    lines += [f"| {k} | {100 * v:.1f}% |" for k, v in report["by_part"].items()]
+    lines += ["", "| op type | part | share of op time |", "|---|---|---|"]
+    lines += [f"| {t['op']} | {t['part']} | {100 * t['share']:.1f}% |" for t in report["top"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
