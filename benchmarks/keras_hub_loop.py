@@ -175,20 +175,28 @@ def main(argv=None):
 
     test = read_pairs("test", args.test_files)[:args.eval_sentences]
     test_ids = tokenize(tokenizer, [s for s, _ in test])
-    hypotheses = []
+    # Compiled, as keras-hub's generate() compiles its loop (eagerly, its while_loop runs op
+    # by op in Python); sources sorted by length and padded to a multiple of 8, so that few
+    # shapes are traced.
+    sampler = keras_hub.samplers.GreedySampler()
+    generate = tf.function(lambda source, new_tokens: peer_generate(model, source, new_tokens,
+                                                                    sampler))
+    order = sorted(range(len(test)), key=lambda i: len(test_ids[i]))
+    hypotheses = [None] * len(test)
     for start in range(0, len(test), 64):
-        rows = [ids[:args.max_length - 1] + [eos] for ids in test_ids[start:start + 64]]
-        source = np.zeros((len(rows), max(map(len, rows))), np.int32)
+        chosen = order[start:start + 64]
+        rows = [test_ids[i][:args.max_length - 1] + [eos] for i in chosen]
+        width = min(-(-max(map(len, rows)) // 8) * 8, args.max_length)
+        source = np.zeros((len(rows), width), np.int32)
         for r, ids in enumerate(rows):
             source[r, :len(ids)] = ids
-        out = peer_generate(model, tf.constant(source), min(args.max_length, source.shape[1] + 50),
-                            keras_hub.samplers.GreedySampler()).numpy()
-        for row in out[:, 1:]:
+        out = generate(tf.constant(source), min(args.max_length, width + 50)).numpy()
+        for i, row in zip(chosen, out[:, 1:]):
             row = list(row)
             row = row[:row.index(eos)] if eos in row else row
             text = tokenizer.detokenize([[int(t) for t in row if t > 2]])
             text = text[0] if isinstance(text, list) else text.numpy()[0]
-            hypotheses.append(text.decode("utf-8") if isinstance(text, bytes) else str(text))
+            hypotheses[i] = text.decode("utf-8") if isinstance(text, bytes) else str(text)
     bleu = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in test]]).score
     for (source, reference), hypothesis in list(zip(test, hypotheses))[:5]:  # is it translating?
         print(f"source:     {source}\nreference:  {reference}\nhypothesis: {hypothesis}\n",
