@@ -202,9 +202,15 @@ class CTranslate2Translator:
         return outputs
 
     def translate(self, texts):
-        texts = list(texts)
-        outputs = self.translate_pieces(self.encode(texts))
-        return [self.sentencepiece.decode_pieces(pieces) for pieces in outputs]
+        """Translations in order; blank texts give "" and invalid UTF-8 is refused, as in
+        our `Translator` (`translate_texts`)."""
+        from keras_transformer.translator import translate_texts
+
+        def translate_nonblank(texts):
+            outputs = self.translate_pieces(self.encode(texts))
+            return [self.sentencepiece.decode_pieces(pieces) for pieces in outputs]
+
+        return translate_texts(texts, translate_nonblank)
 
 
 def main(argv=None):

@@ -10,7 +10,8 @@ Signatures (outputs after the arrow):
     serving_default         inputs: string [N]
                             -> translations: string [N], scores: float [N]
     translate_with_options  inputs: string [N], and per row ([N]) or for all (a scalar):
-                            beam_size: int32 (1..max_beam_size), alpha: float32 (>= 0),
+                            beam_size: int32 (1..max_beam_size; 1 is greedy), alpha:
+                            float32 (0..10),
                             max_extra: int32 (>= 0), num_return: int32 (1..beam_size)
                             -> translations [N], scores [N] (the best), nbest_translations
                                [N, K], nbest_scores [N, K] (K = the largest num_return)
@@ -20,11 +21,11 @@ Signatures (outputs after the arrow):
 Requests: an empty (or blank) string gives an empty translation and score 0; an input longer
 than `max_input_length` pieces (default config.max_length - max_extra) is cut to its first
 pieces (and still ends with EOS, in `translate_ids` too; there an all-padding row gives an
-empty sequence and score 0); invalid UTF-8 bytes are replaced by U+FFFD; an empty batch gives
-an empty result; a beam_size outside 1..max_beam_size (default 16), a negative or NaN alpha,
-a negative max_extra and a num_return outside 1..beam_size are refused with
-InvalidArgumentError naming the option. n-best columns beyond a row's num_return are empty
-strings with score 0.
+empty sequence and score 0); an empty batch gives an empty result; inputs that are not valid
+UTF-8, ids outside the vocabulary, a beam_size outside 1..max_beam_size (default 16), an alpha
+outside [0, 10] (NaN included), a negative max_extra and a num_return outside 1..beam_size are
+refused with InvalidArgumentError naming the input or option. n-best columns beyond a row's
+num_return are empty strings with score 0.
 
 Batching (TF Serving's `--enable_batching`) merges requests by concatenating every input along
 its first dimension, so it cannot merge scalars: under batching send the options one per row
@@ -43,13 +44,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_transformer.decoding import beam_search
+from keras_transformer.config import ConfigError
+from keras_transformer.decoding import beam_search, greedy_search
 from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
 
 SIGNATURE_NAMES = ("serving_default", "translate_with_options", "translate_ids")
 OPTIONS = ("beam_size", "alpha", "max_extra", "num_return")
+MAX_ALPHA = 10.0  # GNMT's penalty is used with alpha in [0, 1]; beyond 10 no score is finite
+ALPHA_RANGE = f"alpha must be a number in [0, {MAX_ALPHA:g}]"
 WARMUP_FILE = "tf_serving_warmup_requests"
 
 
@@ -70,21 +74,44 @@ class TranslationModule(tf.Module):
         self._tokenizer.check_padding(model.config)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.max_input_length = max_input_length or model.config.max_length - max_extra
+        if self.max_input_length < 1:
+            raise ConfigError(f"max_extra={max_extra} leaves no room for the source within "
+                              f"config.max_length={model.config.max_length}: lower --max_extra.")
         self.max_beam_size = max_beam_size
 
     def encode(self, texts):
-        """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, padded."""
-        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
+        """[N] strings -> [N, S] ids: pieces cut to max_input_length - 1, then EOS, padded.
+        Rows that are not valid UTF-8 are refused (InvalidArgumentError naming them):
+        translating replacement characters would invent a sentence."""
+        repaired = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace",
+                                                replace_control_characters=False)
+        invalid = tf.where(tf.not_equal(repaired, texts))[:, 0]
+        check = tf.debugging.Assert(tf.equal(tf.size(invalid), 0),
+                                    ["inputs: not valid UTF-8 in row(s)", invalid], summarize=10)
+        with tf.control_dependencies([check]):
+            texts = tf.identity(texts)
         pieces = self._tokenizer.tokenize(texts)[:, :self.max_input_length - 1]
         eos = tf.fill([tf.shape(texts)[0], 1], EOS_ID)
         pieces = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
         return pieces.to_tensor(default_value=self.model.config.pad_id)
 
     def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
-        """[N, S] ids -> the `num_return` best hypotheses: ids [N, num_return, L], scores."""
-        result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                             beam_size=beam_size, alpha=alpha, max_extra=max_extra)
-        return result["sequences"][:, :num_return], result["scores"][:, :num_return]
+        """[N, S] ids -> the `num_return` best hypotheses: ids [N, num_return, L], scores.
+        A beam of 1 is greedy search (its score the sum of the log-probabilities), as in
+        `Translator` and CTranslate2."""
+        def greedy():
+            result = greedy_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                                   max_extra=max_extra)
+            return result["sequences"][:, None], result["scores"][:, None]
+
+        def beam():
+            result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                                 beam_size=beam_size, alpha=alpha, max_extra=max_extra)
+            return result["sequences"][:, :num_return], result["scores"][:, :num_return]
+
+        if not tf.is_tensor(beam_size):
+            return greedy() if beam_size == 1 else beam()
+        return tf.cond(tf.equal(beam_size, 1), greedy, beam)
 
     def detokenize(self, sequences):
         """ids [N, K, L] -> strings [N, K]."""
@@ -160,8 +187,10 @@ class TranslationModule(tf.Module):
             tf.debugging.assert_less_equal(
                 beam_size, self.max_beam_size,
                 message=f"beam_size must be <= {self.max_beam_size} (--max_beam_size at export)"),
-            # NaN >= 0 is false too: a NaN alpha is refused with the negative ones.
-            tf.debugging.assert_greater_equal(alpha, 0.0, message="alpha must be a number >= 0"),
+            # NaN >= 0 is false too: a NaN alpha is refused with the negative ones. A huge
+            # alpha makes every normalised score -0.0 and the search arbitrary.
+            tf.debugging.assert_greater_equal(alpha, 0.0, message=ALPHA_RANGE),
+            tf.debugging.assert_less_equal(alpha, MAX_ALPHA, message=ALPHA_RANGE),
             tf.debugging.assert_non_negative(options["max_extra"],
                                              message="max_extra must be >= 0"),
             tf.debugging.assert_positive(options["num_return"],
@@ -177,7 +206,15 @@ class TranslationModule(tf.Module):
     def translate_ids(self, source_ids):
         # Like the string signatures: a source longer than max_input_length keeps its first
         # pieces and still ends with EOS; an empty (all-padding) row gives an empty result.
-        pad = self.model.config.pad_id
+        pad, vocab = self.model.config.pad_id, self.model.config.vocab_size
+        # Checked here: on a GPU or TPU the embedding lookup returns zeros for them, silently.
+        outside = tf.where(tf.reduce_any((source_ids < 0) | (source_ids >= vocab), axis=1))[:, 0]
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(outside), 0),
+            [f"source_ids: ids outside the vocabulary [0, {vocab}) in row(s)", outside],
+            summarize=10)
+        with tf.control_dependencies([check]):
+            source_ids = tf.identity(source_ids)
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad), tf.int32), axis=1)
         cut = source_ids[:, :self.max_input_length]
         last = tf.equal(tf.range(tf.shape(cut)[1]), self.max_input_length - 1)
@@ -267,7 +304,6 @@ def main(argv=None):
     for noisy in ("absl", "tensorflow"):  # SavedModel tracing chatter
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from keras_transformer.config import ConfigError
     from keras_transformer import run_dir
 
     try:

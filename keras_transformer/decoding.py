@@ -38,11 +38,14 @@ PENALTIES = ("gnmt", "length")
 def length_penalty(length, alpha, penalty="gnmt"):
     """What scores are divided by: "gnmt", the paper's lp(Y) = ((5 + |Y|) / 6) ** alpha (§6.1,
     from Wu et al. 2016, |Y| counting EOS); "length", |Y| ** alpha (|Y| not counting EOS:
-    CTranslate2's and fairseq's normalization; the caller passes the length without EOS).
-    length: int tensor of any shape -> float32 of the same shape."""
+    CTranslate2's and fairseq's normalization; the caller passes the length without EOS;
+    an empty hypothesis counts as 1). length: int tensor of any shape -> float32 of the same
+    shape."""
     length = tf.cast(length, tf.float32)
     if penalty == "length":
-        return tf.pow(length, alpha)
+        # A hypothesis that is EOS alone has no tokens: scored as one token, not divided by
+        # 0 ** alpha (which gives -inf or NaN).
+        return tf.pow(tf.maximum(length, 1.0), alpha)
     return tf.pow((5.0 + length) / 6.0, alpha)
 
 
@@ -53,14 +56,20 @@ _TRACED = weakref.WeakKeyDictionary()
 
 def _traced(search, model, settings):
     """`search` (greedy_search or beam_search) of `model` with keyword `settings`, as the
-    tf.function kept for them."""
+    tf.function kept for them; call it with the source ids. Settings given as tensors (a
+    `beam_size` of tf.constant(2), say) are arguments of the function, not part of its key:
+    a tensor cannot key a dict, and its value may change from call to call."""
+    tensors = {name: value for name, value in settings.items() if tf.is_tensor(value)}
+    fixed = {name: value for name, value in settings.items() if name not in tensors}
     functions = _TRACED.setdefault(model, {})
-    key = (search.__name__, tuple(sorted(settings.items())))
+    key = (search.__name__, tuple(sorted(fixed.items())),
+           tuple(sorted((name, value.dtype.name) for name, value in tensors.items())))
     if key not in functions:
         model_ref = weakref.ref(model)  # the function must not keep the model alive
-        functions[key] = tf.function(lambda ids: search(model_ref(), ids, **settings),
-                                     jit_compile=settings["jit_compile"], reduce_retracing=True)
-    return functions[key]
+        functions[key] = tf.function(
+            lambda ids, given: search(model_ref(), ids, **fixed, **given),
+            jit_compile=fixed["jit_compile"], reduce_retracing=True)
+    return lambda ids: functions[key](ids, tensors)
 
 
 def _setup(model, source_ids, max_extra, copies):

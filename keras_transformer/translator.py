@@ -52,7 +52,15 @@ class Translator:
         return [row[:keep] + [self.tokenizer.eos_id] for row in ids]
 
     def translate_ids(self, sources):
-        """Best output ids (padded with config.pad_id) for a list of source id lists, in order."""
+        """Best output ids (padded with config.pad_id) for a list of source id lists, in order.
+        Ids outside [0, vocab_size) are refused (ValueError naming the row): on a GPU or TPU
+        the embedding lookup would return zeros for them, silently."""
+        vocab = self.model.config.vocab_size
+        for row, ids in enumerate(sources):
+            bad = [i for i in ids if not 0 <= i < vocab]
+            if bad:
+                raise ValueError(f"source row {row}: id {bad[0]} is outside the vocabulary "
+                                 f"[0, {vocab}); pass ids from this model's tokenizer.")
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         outputs = [None] * len(sources)
         began = last_report = time.monotonic()
@@ -72,10 +80,39 @@ class Translator:
         return outputs
 
     def translate(self, texts):
-        """A list of source strings -> a list of translations, in the same order."""
-        texts = list(texts)
-        if not texts:
-            return []
+        """A list of source strings -> a list of translations, in the same order (see
+        `translate_texts`: blanks give "", invalid UTF-8 is refused)."""
+        return translate_texts(texts, self._translate_nonblank)
+
+    def _translate_nonblank(self, texts):
         outputs = self.translate_ids(self.encode(texts))
         ragged = tf.ragged.constant([row.tolist() for row in outputs], dtype=tf.int32)
         return [t.decode("utf-8") for t in self.tokenizer.detokenize(ragged).numpy()]
+
+
+def translate_texts(texts, translate):
+    """The translations of `texts` by `translate` (a function of a list of non-blank str),
+    in order. One behaviour for every engine, as in the SavedModel: a blank text gives ""
+    without being decoded (decoding nothing but EOS invents a sentence); bytes that are not
+    valid UTF-8 are refused with a ValueError naming the row."""
+    texts = checked_texts(texts)
+    translations = [""] * len(texts)
+    rows = [i for i, text in enumerate(texts) if text.strip()]
+    for i, translation in zip(rows, translate([texts[i] for i in rows]) if rows else []):
+        translations[i] = translation
+    return translations
+
+
+def checked_texts(texts):
+    """`texts` (str, or UTF-8 bytes) as a list of str; ValueError naming the first row whose
+    bytes are not UTF-8 (translating them would invent a sentence)."""
+    checked = []
+    for row, text in enumerate(texts):
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"input row {row} is not valid UTF-8 ({error.reason} at byte "
+                                 f"{error.start}): decode it or drop it.") from None
+        checked.append(text)
+    return checked

@@ -67,8 +67,9 @@ def run_module(module, *args, env=None, **kwargs):
 
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
                    **(env or {})}
+    kwargs.setdefault("text", True)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, **kwargs)
+                          capture_output=True, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -115,7 +115,7 @@ def test_same_translations_as_our_search(converted):
 def test_int8_keeps_bleu_and_the_command_line_translates(converted):
     from trainers.evaluation import score
 
-    _, folders, sources, references = converted
+    run_dir, folders, sources, references = converted
     bleu = {}
     for quantization, folder in folders.items():
         translator = CTranslate2Translator(folder, beam_size=4, alpha=0.6)
@@ -126,7 +126,16 @@ def test_int8_keeps_bleu_and_the_command_line_translates(converted):
     assert bleu["float32"] > 70 and abs(bleu["int8"] - bleu["float32"]) <= 1.0, bleu
 
     result = run_module("trainers.translate", "--engine", "ctranslate2", "--model_dir",
-                        str(folders["int8"]), sources[0], sources[1], timeout=300)
+                        str(folders["int8"]), sources[0], "  ", sources[1], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    # Issue 23, item 10: a blank line gives an empty line, as in every engine.
     assert result.stdout.splitlines() == CTranslate2Translator(folders["int8"]).translate(
-        sources[:2])
+        [sources[0], "", sources[1]])
+    assert result.stdout.splitlines()[1] == ""
+    # Item 17: a line that is not UTF-8 is refused, naming it, on both engines.
+    for engine, model_dir in (("ctranslate2", folders["int8"]), ("tensorflow", run_dir)):
+        refused = run_module("trainers.translate", "--engine", engine, "--model_dir",
+                             str(model_dir), input=b"Ich lache.\n\xff\xfe\xfa abc\n",
+                             timeout=300, text=False)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert b"input row 1 is not valid UTF-8" in refused.stderr

@@ -6,7 +6,7 @@ import tensorflow as tf
 from conftest import random_ids, small_config
 
 import keras_transformer as kt
-from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from keras_transformer.decoding import beam_search, greedy_search
 
 BOS, EOS = 1, 2
 
@@ -41,7 +41,16 @@ def test_cached_decoding_equals_full_forward_pass(model, rng):
         np.testing.assert_allclose(logits, full[:, step], atol=1e-4)
 
 
-def enumerate_hypotheses(model, source, limit, alpha):
+def penalty_by_hand(tokens, alpha, penalty):
+    """gnmt: ((5 + |Y|) / 6) ** alpha, |Y| counting EOS (§6.1); length: |Y| ** alpha with |Y|
+    not counting EOS, an empty hypothesis counted as one token (CTranslate2's
+    `length_penalty`)."""
+    if penalty == "gnmt":
+        return ((5 + len(tokens)) / 6) ** alpha
+    return max(len(tokens) - (tokens[-1] == EOS), 1) ** alpha
+
+
+def enumerate_hypotheses(model, source, limit, alpha, penalty="gnmt"):
     """Every hypothesis (EOS-terminated, or cut at `limit` tokens) scored by full forward
     passes: log P(Y) / lp(|Y|), with the same log-softmax over the whole vocabulary."""
     words = [3, 4]
@@ -57,19 +66,23 @@ def enumerate_hypotheses(model, source, limit, alpha):
         logits = model({"source_ids": tf.constant([source]), "target_ids": target})
         log_probs = tf.nn.log_softmax(logits[0]).numpy()
         total = sum(log_probs[t, tok] for t, tok in enumerate(tokens))
-        results.append((total / float(length_penalty(len(tokens), alpha)), tokens))
+        results.append((total / penalty_by_hand(tokens, alpha, penalty), tokens))
     return sorted(results, key=lambda r: -r[0])
 
 
-@pytest.mark.parametrize("alpha", [0.6, 0.0, 1.5])
-def test_wide_beam_equals_exhaustive_enumeration(tiny_vocab_model, alpha):
+@pytest.mark.parametrize("alpha, penalty", [(0.6, "gnmt"), (0.0, "gnmt"), (1.5, "gnmt"),
+                                            (0.6, "length"), (1.5, "length")])
+def test_wide_beam_equals_exhaustive_enumeration(tiny_vocab_model, alpha, penalty):
+    """Every hypothesis kept and ranked as scored by hand. With penalty="length" that
+    includes EOS alone (issue 23, item 13: it was divided by 0 ** alpha, -inf)."""
     sources = [[3, 4, 0], [4, 0, 0]]  # limits: 2 + 2 and 1 + 2 tokens
     beam = 12  # wide enough that nothing is pruned: the search must be exact
     result = beam_search(tiny_vocab_model, tf.constant(sources), bos_id=BOS, eos_id=EOS,
-                         beam_size=beam, alpha=alpha, max_extra=2)
+                         beam_size=beam, alpha=alpha, max_extra=2, penalty=penalty)
+    assert np.all(np.isfinite(result["scores"]))
     for row, source in enumerate(sources):
         limit = sum(t != 0 for t in source) + 2
-        expected = enumerate_hypotheses(tiny_vocab_model, source, limit, alpha)[:beam]
+        expected = enumerate_hypotheses(tiny_vocab_model, source, limit, alpha, penalty)[:beam]
         found = [(float(score), [int(t) for t in seq if t != 0])
                  for score, seq in zip(result["scores"][row], result["sequences"][row])
                  if score > -1e8]
@@ -180,7 +193,19 @@ def test_translator_matches_beam_search_and_keeps_order(sample_tokenizer, rng):
         source = translator.encode([text])
         best = beam_search(model, tf.constant(source), bos_id=BOS, eos_id=EOS, max_extra=6)
         expected = sample_tokenizer.detokenize(best["sequences"][:, 0]).numpy()[0].decode()
-        assert translation == expected
+        # Issue 23, item 10: a blank text gives "", as the SavedModel answers it; decoding
+        # EOS alone would invent a sentence.
+        assert translation == (expected if text.strip() else "")
+    assert translations[1] == "" and translator.translate(["  ", "\t"]) == ["", ""]
+    assert translator.translate([texts[0].encode("utf-8")]) == translations[:1]
+    # Item 17: bytes that are not UTF-8 are refused, naming the row.
+    with pytest.raises(ValueError, match="input row 1 is not valid UTF-8"):
+        translator.translate(["Ich lache.", b"\xff\xfe\xfa abc"])
+    # Items 12 and 18: ids outside the vocabulary are refused, naming the row.
+    with pytest.raises(ValueError, match="source row 1: id -1 is outside the vocabulary"):
+        translator.translate_ids([[5, 2], [5, -1, 2]])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        translator.translate_ids([[sample_tokenizer.vocab_size, 2]])
     shuffled = rng.permutation(len(texts))
     again = translator.translate([texts[i] for i in shuffled])
     assert again == [translations[i] for i in shuffled]
@@ -233,3 +258,21 @@ def test_a_pad_id_other_than_zero_is_honoured(rng, sample_tokenizer):
                                expected, rtol=1e-5)
     with pytest.raises(ConfigError, match="pad_id=7 differs from the vocabulary's pad id 0"):
         kt.Translator(model, sample_tokenizer)
+
+
+def test_eager_search_takes_tensor_settings(model, rng):
+    """Issue 23, item 14: the docstring allows tensors for beam_size, alpha and max_extra;
+    called eagerly with them, the search runs (a tensor cannot key the traced-function
+    cache) and gives the same result as with Python numbers."""
+    source = tf.constant(random_ids(rng, 2, 5, 30))
+    as_numbers = beam_search(model, source, bos_id=BOS, eos_id=EOS, beam_size=2, alpha=0.6,
+                             max_extra=4)
+    for _ in range(2):  # the second call reuses the traced function
+        as_tensors = beam_search(model, source, bos_id=BOS, eos_id=EOS,
+                                 beam_size=tf.constant(2), alpha=tf.constant(0.6),
+                                 max_extra=tf.constant(4))
+        np.testing.assert_array_equal(as_tensors["sequences"], as_numbers["sequences"])
+        np.testing.assert_allclose(as_tensors["scores"], as_numbers["scores"], rtol=1e-5)
+    wider = beam_search(model, source, bos_id=BOS, eos_id=EOS, beam_size=tf.constant(3),
+                        alpha=tf.constant(0.6), max_extra=tf.constant(4))
+    assert wider["sequences"].shape[1] == 3

@@ -101,14 +101,24 @@ def test_bad_requests(loaded):
     empty_batch = serve(inputs=tf.constant([], tf.string))
     assert empty_batch["translations"].shape == (0,)
     long_input = " ".join(["dog"] * 5000)
-    out = serve(inputs=tf.constant([long_input, "  ", b"caf\xe9 \xff broken"]))
+    out = serve(inputs=tf.constant([long_input, "  ", "Äpfel?"]))
     translations = out["translations"].numpy()
     assert translations[1] == b"" and len(translations) == 3
     assert np.all(np.isfinite(out["scores"].numpy()))
+    # Issue 23, item 17: bytes that are not UTF-8 are refused, naming the row, rather than
+    # translated into an invented sentence.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not valid UTF-8 in row\(s\)"
+                       r"[^\[]*\[2\]"):
+        serve(inputs=tf.constant(["Hi.", "Ho.", b"\xff\xfe\xfa abc"]))
+    ids = loaded.signatures["translate_ids"]
+    for bad in ([[5, 10**6, 2]], [[5, -1, 2]]):  # items 12 and 18
+        with pytest.raises(tf.errors.InvalidArgumentError, match="outside the vocabulary"):
+            ids(source_ids=tf.constant(bad, tf.int32))
     options = loaded.signatures["translate_with_options"]
     for beam, alpha, num_return, message in (
             (0, 0.6, 1, "beam_size"), (17, 0.6, 1, "beam_size must be <= 16"),
             (1000, 0.6, 1, "beam_size"), (4, -0.5, 1, "alpha"), (4, float("nan"), 1, "alpha"),
+            (4, float("inf"), 1, r"alpha must be a number in \[0, 10\]"), (4, 1e30, 1, "alpha"),
             (4, 0.6, 5, "num_return must be <= beam_size"), (4, 0.6, 0, "num_return"),
             ([4, 4], 0.6, 1, "beam_size must be one value, or one value per input")):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
@@ -339,3 +349,40 @@ def test_client_rest_and_grpc(loaded):
     assert all(len(hypotheses) == 3 for hypotheses in nbest["grpc"])
     with pytest.raises(client.ServingError):
         client.predict_rest("127.0.0.1:9", "transformer", ["x"], timeout=5)
+
+
+def test_beam_of_one_is_greedy_search_in_the_saved_model(trained_dir):
+    """Issue 23, item 11: beam_size 1 means greedy search in the SavedModel too (it was beam
+    search with the length penalty, which with alpha > 0 can differ), as in `Translator` and
+    CTranslate2 (whose greedy output the CTranslate2 tests compare with ours). (The exported
+    functions, in process.)"""
+    from export.saved_model import TranslationModule
+    from keras_transformer.run_dir import load_trained
+    from keras_transformer.translator import Translator
+
+    model, tokenizer, _ = load_trained(trained_dir)
+    vocab = pathlib.Path(trained_dir) / "vocab.model"
+    texts = [t for t in INPUTS if t.strip()]
+    greedy = Translator(model, tokenizer, beam_size=1, max_extra=MAX_EXTRA).translate(texts)
+    module = TranslationModule(model, vocab, max_extra=MAX_EXTRA)
+    by_options = module.translate_with_options(tf.constant(texts), 1, 1.0, MAX_EXTRA, 1)
+    assert [t.decode() for t in by_options["translations"].numpy()] == greedy
+    greedy_module = TranslationModule(model, vocab, beam_size=1, alpha=1.0, max_extra=MAX_EXTRA)
+    by_default = greedy_module.serving_default(tf.constant(texts))
+    assert [t.decode() for t in by_default["translations"].numpy()] == greedy
+
+
+def test_export_refuses_a_max_extra_that_leaves_no_room(trained_dir):
+    """Issue 23, item 12: --max_extra >= config.max_length left no piece of the input."""
+    from export.saved_model import TranslationModule
+    from keras_transformer.config import ConfigError
+    from keras_transformer.run_dir import load_trained
+
+    model, _, _ = load_trained(trained_dir)
+    with pytest.raises(ConfigError, match="leaves no room for the source"):
+        TranslationModule(model, pathlib.Path(trained_dir) / "vocab.model",
+                          max_extra=model.config.max_length)
+    result = run("-m", "export.saved_model", "--model_dir", str(trained_dir), "--export_dir",
+                 str(pathlib.Path(trained_dir).parent / "refused"), "--max_extra",
+                 str(model.config.max_length))
+    assert result.returncode == 2 and "leaves no room" in result.stderr, result.stderr[-2000:]

@@ -61,13 +61,18 @@ def main(argv=None):
         return 2
     if args.sentences:
         lines = args.sentences
-    else:
-        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    else:  # bytes: a line that is not UTF-8 is refused by the translator, naming it
+        source = open(args.input, "rb") if args.input else sys.stdin.buffer
         with source:
-            lines = [line.rstrip("\n") for line in source]
+            lines = [line.rstrip(b"\n") for line in source]
+    try:
+        translations = translator.translate(lines)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with output if args.output else open(1, "w", closefd=False, encoding="utf-8") as out:
-        for translation in translator.translate(lines):
+        for translation in translations:
             out.write(translation + "\n")
     return 0
 
