@@ -18,6 +18,8 @@
 import json
 import pathlib
 
+import keras
+
 from keras_transformer.config import ConfigError, TransformerConfig
 from keras_transformer.model import Transformer
 from keras_transformer.tokenizer import Tokenizer
@@ -90,6 +92,16 @@ def best_weights(model_dir):
         raise FileNotFoundError(f"No weights in {model_dir} (no averaged.weights.h5, no "
                                 "checkpoints/ckpt-*.weights.h5).")
     return found[-1]
+
+
+def save_model_weights(model, path):
+    """Writes `model`'s own weights to `path` (a .weights.h5 file), leaving out its
+    optimizer's state: checkpoints, best/ and averaged weights are read to translate, average
+    and export, and Adam's two moments would triple them. Only the backups
+    (trainers/backup.py) keep the optimizer, to resume training."""
+    optimizer = getattr(model, "optimizer", None)
+    keras.saving.save_weights(model, path,
+                              objects_to_skip=[optimizer] if optimizer is not None else None)
 
 
 def load_weights(model, path):

@@ -382,6 +382,32 @@ def test_static_mode_shapes(tokenizer):
     assert count > 0.8 * len(sample_corpus.sample_pairs("validation"))
 
 
+def test_static_evaluation_batches_keep_every_pair(tokenizer):
+    """Issue 23, item 15: static-shape batches for evaluation keep each bucket's remainder,
+    filled with all-padding rows to the bucket's fixed shape, so the validation loss covers
+    every pair the dynamic batches hold (counted against them)."""
+    max_length, budget = 24, 512
+    allowed = pipeline.static_shapes(max_length, budget, num_replicas=4)
+    common = dict(batch_tokens=budget, max_length=max_length, shuffle=False)
+    static = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
+                                   static=True, num_replicas=4, keep_remainder=True, **common)
+    dynamic = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer, **common)
+
+    def real_rows(dataset, check_shape=False):
+        rows = collections.Counter()
+        for inputs, labels in dataset.as_numpy_iterator():
+            if check_shape:
+                assert labels.shape in allowed and inputs["source_ids"].shape == labels.shape
+            for source, target in zip(inputs["source_ids"], labels):
+                if (target != 0).any():
+                    rows[(tuple(source[source != 0]), tuple(target[target != 0]))] += 1
+                else:
+                    assert not source.any()  # a filling row is padding throughout
+        return rows
+
+    assert real_rows(static, check_shape=True) == real_rows(dynamic)
+
+
 def test_static_concat_batches_have_one_shape(tokenizer):
     """Static mode with batching="concat": every batch [rows, row_length], rows a multiple of
     the replica count (XLA compiles one shape)."""

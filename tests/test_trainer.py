@@ -120,8 +120,9 @@ def test_main_job_on_the_sample_corpus(main_job):
     assert (tmp_path / "run/export/1/saved_model.pb").exists()
     translated = subprocess.run(
         [sys.executable, "-m", "trainers.translate", "--model_dir", str(tmp_path / "run"),
-         "The dog sleeps."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "The dog sleeps.", " "], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
+    assert translated.stdout.split("\n")[1] == ""  # issue 23, item 10: blank in, blank out
 
 
 # A safe margin below what was measured in either precision `--precision auto` picks:
@@ -252,6 +253,12 @@ def test_average_equals_numpy_mean(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     found = sorted((tmp_path / "run/checkpoints").glob("ckpt-*.weights.h5"))
     assert len(found) == 3
+    # Issue 23, item 4: checkpoints hold the model's weights alone (Adam's two moments would
+    # triple them); the backup keeps the optimizer, to resume.
+    backup = sorted((tmp_path / "run/backup/local").glob("epoch-*/state.weights.h5"))[-1]
+    with h5py.File(found[-1], "r") as checkpoint, h5py.File(backup, "r") as state:
+        assert "optimizer" not in checkpoint and "optimizer" in state
+    assert backup.stat().st_size > 2.5 * found[-1].stat().st_size
     averaged = subprocess.run(
         [sys.executable, "-m", "trainers.average", "--model_dir", str(tmp_path / "run"),
          "--last", "3", "--output", str(tmp_path / "avg.weights.h5")],

@@ -39,7 +39,7 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 2
     output = pathlib.Path(args.output or model_dir / "averaged.weights.h5")
-    model.save_weights(output)
+    run_dir.save_model_weights(model, output)
     print(f"Averaged {len(paths)} checkpoint(s) into {output}")
     return 0
 

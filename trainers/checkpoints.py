@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from keras_transformer.run_dir import checkpoint_path, list_checkpoints, load_weights
+from keras_transformer.run_dir import (checkpoint_path, list_checkpoints, load_weights,
+                                       save_model_weights)
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class PeriodicCheckpoint(HostStepCounter):
         if path.exists():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_weights(path)
+        save_model_weights(self.model, path)
         logger.info("saved %s", path)
         for old in list_checkpoints(self.directory)[:-self.keep]:
             old.unlink()

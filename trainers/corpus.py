@@ -87,7 +87,7 @@ def validation_batches(settings, config, tokenizer, num_replicas, static):
     dataset = pipeline.make_dataset(
         pairs, tokenizer, batch_tokens=settings.batch_tokens,
         max_length=settings.max_train_length, shuffle=False, static=static,
-        num_replicas=num_replicas, pad_id=config.pad_id)
+        num_replicas=num_replicas, pad_id=config.pad_id, keep_remainder=True)
     # Counted once, so that Keras knows where the split ends (else it warns that the input
     # "ran out of data" at every validation).
     count = int(dataset.reduce(0, lambda count, _: count + 1))

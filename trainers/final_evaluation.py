@@ -18,7 +18,7 @@ def average_last(settings, model, model_dir):
         raise FileNotFoundError(f"No checkpoints in {model_dir / 'checkpoints'} to evaluate.")
     chosen = found[-settings.average_last:]
     checkpoints.average_checkpoints(model, chosen)
-    model.save_weights(model_dir / "averaged.weights.h5")
+    run_dir.save_model_weights(model, model_dir / "averaged.weights.h5")
     print(f"Averaged {len(chosen)} checkpoint(s): {', '.join(p.name for p in chosen)}")
     best = model_dir / "best" / "best.json"
     if best.exists():

@@ -10,7 +10,7 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer.run_dir import build_model
+from keras_transformer.run_dir import build_model, save_model_weights
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class BestCheckpoint:
         self.directory.mkdir(parents=True, exist_ok=True)
         for old in self.directory.glob("ckpt-*.weights.h5"):
             old.unlink()
-        model.save_weights(self.directory / f"ckpt-{step:08d}.weights.h5")
+        save_model_weights(model, self.directory / f"ckpt-{step:08d}.weights.h5")
         self.best = {"metric": self.metric, "value": value, "step": step}
         (self.directory / "best.json").write_text(json.dumps(self.best))
         logger.info("best/ now holds step %d (validation %s %.4g)", step, self.metric, value)

@@ -223,7 +223,7 @@ def _concatenated_rows(row_length, pad_id):
 def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle=True, seed=0,
                  shuffle_buffer=50_000, static=False, num_replicas=1, repeat=False,
                  input_context=None, stats=None, window=None, source_tokens=None, pad_id=0,
-                 batching="packed", row_length=None):
+                 batching="packed", row_length=None, keep_remainder=False):
     """Batches of token ids from a dataset of (source, target) strings.
 
     Args:
@@ -253,6 +253,9 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
             (batches of mixed lengths, about half padding on the sample corpus); "concat"
             places several pairs in each row (see the module docstring).
         row_length: the row length of "concat" (default `max_length`).
+        keep_remainder: in static mode, fill each bucket's last, part-full batch up to its
+            fixed size with all-padding rows (which weigh nothing in the loss) instead of
+            dropping it: for evaluation, which must see every pair.
     """
     row_length = row_length or max_length
     _check_budget(batch_tokens, max_length, batching, row_length)
@@ -264,7 +267,7 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         pairs = pairs.repeat()
     dataset = encode_pairs(pairs, tokenizer, max_length, stats)
     dataset = _batched(dataset, batching, static, batch_tokens, max_length, num_replicas,
-                       window, source_tokens, pad_id, row_length)
+                       window, source_tokens, pad_id, row_length, keep_remainder)
     if shuffle:
         dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
@@ -283,15 +286,18 @@ def _check_budget(batch_tokens, max_length, batching, row_length):
 
 
 def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, window,
-             source_tokens, pad_id, row_length):
+             source_tokens, pad_id, row_length, keep_remainder):
     """Encoded pairs -> batches, as `make_dataset`'s arguments of the same names say."""
+    drop = static and not keep_remainder
     if batching == "concat":
         window = window or max(1024, batch_tokens // 8)
         dataset = dataset.ragged_batch(window).flat_map(_concatenated_rows(row_length, pad_id))
         rows = batch_tokens // row_length
         if static:  # fixed shapes, the batch divisible by the replicas
             rows = max(rows // num_replicas, 1) * num_replicas
-        return dataset.batch(rows, drop_remainder=static)
+        dataset = dataset.batch(rows, drop_remainder=drop)
+        return dataset.map(_rows_padded_to([row_length], [rows], pad_id)) if static and not drop \
+            else dataset
     if static:
         boundaries = bucket_boundaries(max_length)
         sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
@@ -299,13 +305,34 @@ def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, 
         def length(inputs, labels):
             return tf.maximum(tf.size(inputs["source_ids"]), tf.size(labels))
 
-        return dataset.bucket_by_sequence_length(
-            length, boundaries, sizes, pad_to_bucket_boundary=True, drop_remainder=True,
+        dataset = dataset.bucket_by_sequence_length(
+            length, boundaries, sizes, pad_to_bucket_boundary=True, drop_remainder=drop,
             padding_values=({"source_ids": pad_id, "target_ids": pad_id}, pad_id))
+        if not drop:
+            dataset = dataset.map(_rows_padded_to([b - 1 for b in boundaries], sizes, pad_id))
+        return dataset
     window = window or max(8192, 64 * batch_tokens // 8)
     source_tokens = source_tokens or batch_tokens * 3 // 2
     return dataset.ragged_batch(window).flat_map(
         _packed_batches(batch_tokens, source_tokens, pad_id, sort=batching == "packed"))
+
+
+def _rows_padded_to(lengths, sizes, pad_id):
+    """A `map` function: a static-mode batch of padded length lengths[i] gets all-padding rows
+    (segment ids and positions 0) up to sizes[i] rows, the fixed shape of its bucket."""
+    lengths, sizes = tf.constant(lengths, tf.int32), tf.constant(sizes[:len(lengths)], tf.int32)
+
+    def pad(inputs, labels):
+        bucket = tf.argmax(tf.cast(tf.equal(lengths, tf.shape(labels)[1]), tf.int32))
+        missing = sizes[bucket] - tf.shape(labels)[0]
+
+        def padded(tensor, value):
+            return tf.pad(tensor, [[0, missing], [0, 0]], constant_values=value)
+
+        return ({name: padded(t, pad_id if name.endswith("_ids") and "segment" not in name else 0)
+                 for name, t in inputs.items()}, padded(labels, pad_id))
+
+    return pad
 
 
 def static_shapes(max_length, batch_tokens, num_replicas=1):
