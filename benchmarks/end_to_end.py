@@ -147,6 +147,10 @@ def run_peer(settings, vocab, files, args, work):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode:
         raise RuntimeError(f"the keras-hub loop failed:\n{result.stderr[-4000:]}")
+    # Its first hypotheses beside their references: a peer that does not translate makes
+    # every ratio beside it meaningless.
+    print("\n".join(line for line in result.stdout.splitlines()
+                    if line.startswith(("source:", "reference:", "hypothesis:"))), flush=True)
     return json.loads(out.read_text())
 
 

@@ -4,7 +4,8 @@ the TensorFlow profiler; op time grouped by op type and by part of the step, bes
 matmul floor (benchmarks.training.matmul_floor: exactly the step's matrix products, alone).
 
     python -m benchmarks.step_profile [--corpus news|sample] [--precision float32]
-        [--steps 8] [--news_dir DIR] [--out benchmarks/results/step_profile_<corpus>_<precision>.json]
+        [--steps 8] [--news_dir DIR]
+        [--out benchmarks/results/step_profile_<corpus>_<precision>.json]
 
 Op times are summed over TensorFlow's threads (2 on a 2-core machine), so shares are of the
 op time, not of the wall clock; the wall-clock step time and the floor are measured apart.
