@@ -382,6 +382,31 @@ def test_static_mode_shapes(tokenizer):
     assert count > 0.8 * len(sample_corpus.sample_pairs("validation"))
 
 
+def test_training_files_of_several_sources_give_mixed_batches(tokenizer, tmp_path):
+    """Issue 23, item 7: a corpus of two sources one after the other (like en-de-news: news,
+    then Tatoeba), 20 times the shuffle buffer: read in order, most batches hold one source;
+    read in 16 interleaved stretches (training), nearly every batch mixes both. Measured by
+    the share of batches holding both sources' targets."""
+    lines = [f"the dog {i}\tDer Hund" for i in range(1000)] + \
+            [f"the cat {i}\tDie Katze" for i in range(1000)]
+    path = tmp_path / "two_sources.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first_piece = {tokenizer.tokenize(["Der Hund"]).to_list()[0][0]: "news",
+                   tokenizer.tokenize(["Die Katze"]).to_list()[0][0]: "dialogue"}
+
+    def mixed_share(regions):
+        dataset = pipeline.make_dataset(
+            corpora.files_dataset([path], regions=regions), tokenizer, batch_tokens=256,
+            max_length=16, shuffle_buffer=100, window=64, batching="mixed")
+        batches = [{first_piece[int(t)] for t in labels[:, 0]}
+                   for _, labels in dataset.as_numpy_iterator()]
+        return sum(len(sources) == 2 for sources in batches) / len(batches)
+
+    in_order, interleaved = mixed_share(1), mixed_share(16)
+    print(f"batches mixing both sources: {in_order:.1%} in order, {interleaved:.1%} interleaved")
+    assert in_order < 0.3 and interleaved > 0.95, (in_order, interleaved)
+
+
 def test_static_evaluation_batches_keep_every_pair(tokenizer):
     """Issue 23, item 15: static-shape batches for evaluation keep each bucket's remainder,
     filled with all-padding rows to the bucket's fixed shape, so the validation loss covers

@@ -72,11 +72,37 @@ class TrainingBackup(HostStepCounter):
         logger.info("backed up step %d in %.1f s", self.step, time.monotonic() - start)
 
 
-def restore_backup(directory, model, resumable_input):
-    """Loads the newest backup in `directory` into `model` (weights and optimizer) and
-    positions `resumable_input` after the batches it had read. Returns its metadata (None
-    when there is no backup: a fresh start)."""
+def common_backup_epoch(directory, strategy):
+    """The epoch of the newest backup in `directory` that every worker of `strategy` has too
+    (0: none). A kill between two workers' renames leaves one a backup newer than the
+    other's; each restoring its own newest would put them at different steps (a hang or a
+    divergence). Workers keep their two newest, so the smallest of the workers' newest is
+    present on all of them."""
+    import tensorflow as tf
+
     found = completed_backups(directory)
+    newest = int(found[-1].name.split("-")[1]) if found else 0
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return newest
+    everyone = strategy.gather(strategy.run(lambda: tf.constant([newest])), axis=0)
+    return int(tf.reduce_min(everyone))
+
+
+def restore_backup(directory, model, resumable_input, epoch=None):
+    """Loads the newest backup in `directory` (with `epoch`, the newest up to that epoch)
+    into `model` (weights and optimizer) and positions `resumable_input` after the batches it
+    had read. Returns its metadata (None when there is no backup: a fresh start)."""
+    found = completed_backups(directory)
+    if epoch is not None:
+        newer = [p for p in found if int(p.name.split("-")[1]) > epoch]
+        if newer:
+            logger.info("restoring epoch %d, which every worker has; %s left aside", epoch,
+                        ", ".join(p.name for p in newer))
+        found = [p for p in found if p not in newer]
+        if not found and epoch:
+            raise ConfigError(f"{directory} has no backup of epoch {epoch} or older, which the "
+                              "other workers would resume from: restore the workers' backup "
+                              "folders or start the run anew.")
     if not found:
         if (pathlib.Path(directory) / "training_metadata.json").exists():
             raise ConfigError(

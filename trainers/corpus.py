@@ -9,6 +9,7 @@ from keras_transformer.data import corpora, pipeline
 from keras_transformer.tokenizer import Tokenizer, load_or_train_tokenizer
 
 SKIP_COUNTS = {}  # --dataset files: lines skipped per split, counted as the data is read
+TRAINING_REGIONS = 16  # stretches of the training files read at once (corpora.files_dataset)
 
 
 def split_pairs(settings, split):
@@ -20,7 +21,10 @@ def split_pairs(settings, split):
         if not paths:
             raise corpora.DataError(f"--dataset files: no --{split}_files given.")
         counts = SKIP_COUNTS.setdefault(split, corpora.SkipCounts())
-        return corpora.files_dataset(paths, counts)
+        # Training reads the files in stretches at once, so that a corpus of several sources
+        # in a row gives batches that mix them; evaluation keeps the files' order.
+        regions = TRAINING_REGIONS if split == "train" else 1
+        return corpora.files_dataset(paths, counts, regions)
     return corpora.tfds_dataset(settings.tfds_name, split, settings.source_language,
                                 settings.target_language, settings.data_dir)
 

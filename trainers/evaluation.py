@@ -38,7 +38,7 @@ def tokenized_bleu_score(hypotheses, references):
     """BLEU as tensor2tensor's get_ende_bleu.sh computes the paper's figures: tokenize
     (sacreBLEU's 13a tokenizer standing in for Moses' tokenizer.perl), split compounds, then
     BLEU on whitespace tokens (multi-bleu.perl). Tokenizing after the split would cut every
-    ##AT##-##AT## into ten easy matches."""
+    ##AT##-##AT## into a run of easy matches."""
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     tokenize = Tokenizer13a()

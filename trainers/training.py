@@ -11,7 +11,7 @@ import keras_transformer as kt
 from keras_transformer.data import corpora, pipeline
 from keras_transformer.translator import Translator
 from trainers import corpus
-from trainers.backup import TrainingBackup, restore_backup
+from trainers.backup import TrainingBackup, common_backup_epoch, restore_backup
 from trainers.callbacks import TargetTokens, Throughput, TimeBudget
 from trainers.checkpoints import PeriodicCheckpoint
 from trainers.evaluation import score
@@ -154,7 +154,9 @@ def train(settings, config, strategy, tokenizer, model_dir):
     # A Keras epoch is one backup interval; validation comes every --steps_per_epoch.
     interval = settings.backup_every_steps
     epochs, done = config.train_steps // interval, 0
-    restored = restore_backup(model_dir / "backup" / worker, model, resumable_input)
+    backups = model_dir / "backup" / worker
+    restored = restore_backup(backups, model, resumable_input,
+                              common_backup_epoch(backups, strategy))
     if restored:
         done = restored["epoch"]
         print(f"Resumed at step {restored['step']}: weights, optimizer and input position "

@@ -64,7 +64,7 @@ def main(argv=None):
     else:  # bytes: a line that is not UTF-8 is refused by the translator, naming it
         source = open(args.input, "rb") if args.input else sys.stdin.buffer
         with source:
-            lines = [line.rstrip(b"\n") for line in source]
+            lines = [line.rstrip(b"\r\n") for line in source]
     try:
         translations = translator.translate(lines)
     except ValueError as error:

@@ -85,13 +85,26 @@ def _clean_pairs(pairs, counts):
 
 
 def check_aligned(source_path, target_path):
-    """Raises DataError naming both files and both line counts when the counts differ."""
+    """The line count of two aligned files; raises DataError naming both files and both
+    counts when they differ."""
     source_lines, target_lines = _count_lines(source_path), _count_lines(target_path)
     if source_lines != target_lines:
         raise DataError(
             f"Parallel files differ in length: {source_path} has {source_lines} lines, "
             f"{target_path} has {target_lines}. Each line must translate the line of the same "
             "number in the other file.")
+    return source_lines
+
+
+def _interleaved_regions(lines, count, regions):
+    """`lines` (`count` of them) read as `regions` contiguous stretches at once, one line of
+    each in turn: a corpus made of several sources one after the other (news, then
+    dialogue, ...) then reaches a shuffle buffer already mixed, without being held in memory
+    (each stretch is read from the file; its start is reached by reading past the lines
+    before it, once per pass)."""
+    stretch = -(-count // regions)
+    return tf.data.Dataset.range(regions).interleave(
+        lambda i: lines.skip(i * stretch).take(stretch), cycle_length=regions, block_length=1)
 
 
 def _lines(path):
@@ -100,12 +113,13 @@ def _lines(path):
                                    else "")
 
 
-def files_dataset(paths, counts=None):
+def files_dataset(paths, counts=None, regions=1):
     """Pairs from one TSV (`[path]`, source<TAB>target) or two aligned files (`[source,
     target]`), plain or .gz, read in the graph by `tf.data.TextLineDataset` and re-read at
     every pass. Lines that are empty, not valid UTF-8 or (TSV) not two tab-separated fields
     are skipped and counted in `counts` (a `SkipCounts`). Files are checked (existence, line
-    counts) before this returns."""
+    counts) before this returns. `regions` > 1 reads that many stretches of the files at
+    once, interleaved (for training: see `_interleaved_regions`); 1 keeps the files' order."""
     counts = SkipCounts() if counts is None else counts
     paths = [str(p) for p in paths]
     if len(paths) == 1:
@@ -116,11 +130,14 @@ def files_dataset(paths, counts=None):
             return padded[0], padded[1], well_formed
 
         pairs = _lines(paths[0]).map(fields)
+        count = _count_lines(paths[0]) if regions > 1 else None
     elif len(paths) == 2:
-        check_aligned(*paths)
+        count = check_aligned(*paths)
         pairs = tf.data.Dataset.zip((_lines(paths[0]), _lines(paths[1])))
     else:
         raise DataError(f"Give one TSV file or two aligned files, not {len(paths)}: {paths}.")
+    if regions > 1:
+        pairs = _interleaved_regions(pairs, count, regions)
     return _clean_pairs(pairs, counts)
 
 
