@@ -190,27 +190,6 @@ def free_ports(count):
     return ports
 
 
-@pytest.mark.slow
-def test_multi_worker_two_processes(tmp_path):
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    common = SMALL + ["--train_steps", "6", "--steps_per_epoch", "3", "--no_eval",
-                      "--strategy", "multi_worker", "--model_dir", str(tmp_path / "run")]
-    processes = []
-    for index in range(2):
-        tf_config = json.dumps({"cluster": {"worker": workers},
-                                "task": {"type": "worker", "index": index}})
-        env = {**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "trainers.wmt", *common], cwd=ROOT, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=600) for p in processes]
-    for process, (out, err) in zip(processes, outputs):
-        assert process.returncode == 0, err[-3000:]
-    assert "2 replica(s)" in outputs[0][0]
-    assert_same_weights(final_checkpoint(tmp_path / "run"),
-                        final_checkpoint(tmp_path / "run", "worker-1"))
-
-
 def two_workers(args, timeout=600):
     """`python -m trainers.wmt args` as worker 0 and worker 1 of one cluster on this machine:
     [(returncode, stdout, stderr)] by worker."""
@@ -225,6 +204,18 @@ def two_workers(args, timeout=600):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=timeout) for p in processes]
     return [(p.returncode, out, err) for p, (out, err) in zip(processes, outputs)]
+
+
+@pytest.mark.slow
+def test_multi_worker_two_processes(tmp_path):
+    common = SMALL + ["--train_steps", "6", "--steps_per_epoch", "3", "--no_eval",
+                      "--strategy", "multi_worker", "--model_dir", str(tmp_path / "run")]
+    results = two_workers(common)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    assert "2 replica(s)" in results[0][1]
+    assert_same_weights(final_checkpoint(tmp_path / "run"),
+                        final_checkpoint(tmp_path / "run", "worker-1"))
 
 
 @pytest.mark.slow

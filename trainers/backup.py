@@ -66,6 +66,9 @@ class TrainingBackup(HostStepCounter):
         self.model.save_weights(partial / "state.weights.h5")
         (partial / "metadata.json").write_text(json.dumps(
             {"epoch": epoch + 1, "batches": self._micro_batches, "step": self.step}))
+        # A backup of this epoch can exist already: one that the other workers lacked, left
+        # aside when the run resumed from an older one (common_backup_epoch). This one replaces it.
+        shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
         for old in completed_backups(self.directory)[:-2]:
             shutil.rmtree(old)
