@@ -24,6 +24,11 @@ def completed_backups(directory):
                   if p.is_dir() and not p.name.endswith(".partial"))
 
 
+def backup_epoch(path):
+    """The epoch a backup folder (epoch-000123) holds."""
+    return int(path.name.split("-")[1])
+
+
 def backup_metadata(directory):
     """The newest complete backup's metadata ({"epoch", "batches", "step"}), or None."""
     found = completed_backups(directory)
@@ -84,7 +89,7 @@ def common_backup_epoch(directory, strategy):
     import tensorflow as tf
 
     found = completed_backups(directory)
-    newest = int(found[-1].name.split("-")[1]) if found else 0
+    newest = backup_epoch(found[-1]) if found else 0
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return newest
     everyone = strategy.gather(strategy.run(lambda: tf.constant([newest])), axis=0)
@@ -97,7 +102,7 @@ def restore_backup(directory, model, resumable_input, epoch=None):
     had read. Returns its metadata (None when there is no backup: a fresh start)."""
     found = completed_backups(directory)
     if epoch is not None:
-        newer = [p for p in found if int(p.name.split("-")[1]) > epoch]
+        newer = [p for p in found if backup_epoch(p) > epoch]
         if newer:
             logger.info("restoring epoch %d, which every worker has; %s left aside", epoch,
                         ", ".join(p.name for p in newer))
