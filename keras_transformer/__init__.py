@@ -26,7 +26,8 @@ from keras_transformer.layer_norm import LayerNorm
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy, Perplexity
 from keras_transformer.masks import causal_mask, padding_mask
 from keras_transformer.model import Transformer
-from keras_transformer.optimizer import FusedAdam, TokenWeightedAdam, make_optimizer
+from keras_transformer.optimizer import (FusedAdam, TokenWeightedAdam,
+                                        TokenWeightedLossScaleOptimizer, make_optimizer)
 from keras_transformer.outputs import WithCache, WithCacheAndWeights, WithWeights
 from keras_transformer.residual import Residual
 from keras_transformer.schedule import ScheduleCallback, TransformerSchedule

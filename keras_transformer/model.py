@@ -9,6 +9,7 @@ from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.losses import global_sum
 from keras_transformer.masks import padding_mask
+from keras_transformer.optimizer import TokenWeightedLossScaleOptimizer, unwrapped
 from keras_transformer.outputs import layer_output, split_output
 
 
@@ -111,13 +112,23 @@ class Transformer(keras.Model):
             cache_index=index, return_attention_scores=return_attention_scores, training=False))
         return layer_output(self.embedding.logits(hidden)[:, -1], cache=cache, weights=weights)
 
+    def compile(self, optimizer="rmsprop", *args, auto_scale_loss=True, **kwargs):
+        """`keras.Model.compile`; under `mixed_float16` the optimizer is wrapped in a
+        `TokenWeightedLossScaleOptimizer` (Keras' own would drop the token weighting)."""
+        optimizer = keras.optimizers.get(optimizer)
+        if (auto_scale_loss and self.dtype_policy.name == "mixed_float16"
+                and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+            optimizer = TokenWeightedLossScaleOptimizer(optimizer, name="loss_scale_optimizer")
+        super().compile(optimizer, *args, auto_scale_loss=auto_scale_loss, **kwargs)
+
     def train_step(self, data):
-        if getattr(self.optimizer, "gradient_accumulation_steps", None) and hasattr(
-                self.optimizer, "micro_batch_tokens"):
+        optimizer = unwrapped(self.optimizer)
+        if getattr(optimizer, "gradient_accumulation_steps", None) and hasattr(
+                optimizer, "micro_batch_tokens"):
             # TokenWeightedAdam weights micro-batches by their real tokens (global over replicas).
             labels = data[1]
             real = tf.reduce_sum(tf.cast(self.padding_mask(labels), tf.float32))
-            self.optimizer.micro_batch_tokens = global_sum(real)
+            optimizer.micro_batch_tokens = global_sum(real)
         return _reducible_across_workers(super().train_step(data))
 
     def test_step(self, data):

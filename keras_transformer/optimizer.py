@@ -12,9 +12,11 @@ class TokenWeightedAdam(keras.optimizers.Adam):
     the mean loss over the real tokens of all its micro-batches together: Keras averages the
     micro-batches' gradients, each already divided by its own token count, so a short
     micro-batch's tokens would weigh more than a long one's. `Transformer.train_step` hands
-    this optimizer each micro-batch's real-token count (`micro_batch_tokens`); the loss is
-    scaled by it and the accumulated gradient divided by the update's total. Without
-    accumulation it is `keras.optimizers.Adam`.
+    this optimizer each micro-batch's real-token count (`micro_batch_tokens`); each
+    micro-batch's gradient is multiplied by it as it is accumulated and the update divided by
+    the update's total. (The weighting is applied to the float32 gradients, not to the loss:
+    under mixed_float16 a loss multiplied by thousands of tokens would overflow the float16
+    gradients.) Without accumulation it is `keras.optimizers.Adam`.
     """
 
     micro_batch_tokens = None
@@ -29,13 +31,13 @@ class TokenWeightedAdam(keras.optimizers.Adam):
     def _token_weighted(self):
         return bool(self.gradient_accumulation_steps) and self.micro_batch_tokens is not None
 
-    def scale_loss(self, loss):
-        loss = super().scale_loss(loss)
-        if not self._token_weighted():
-            return loss
-        tokens = tf.cast(self.micro_batch_tokens, loss.dtype)
-        self._accumulated_tokens.assign_add(tf.cast(tokens, tf.float32))
-        return loss * tokens  # the gradient of the micro-batch's summed token losses
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        if self._token_weighted():
+            tokens = tf.cast(self.micro_batch_tokens, tf.float32)
+            self._accumulated_tokens.assign_add(tokens)
+            # the gradient of the micro-batch's summed token losses
+            grads = [None if g is None else g * tf.cast(tokens, g.dtype) for g in grads]
+        return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if self._token_weighted():
@@ -50,6 +52,40 @@ class TokenWeightedAdam(keras.optimizers.Adam):
         if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
             return self._learning_rate(self.iterations)
         return super()._get_current_learning_rate()
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenWeightedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' dynamic loss scaling for `mixed_float16` (float16 gradients underflow without it),
+    with one change: a step whose gradients overflow is skipped, as in Keras, but still counts
+    as a step: the inner optimizer's iteration count advances, so steps stay equal to the
+    batches consumed (what the host step count, the learning-rate schedule, checkpoint names and
+    the resumed input position rely on). Under gradient accumulation an overflowing micro-batch
+    adds nothing to the update (neither gradient nor tokens); if it is the update's last, the
+    whole update is dropped. `Transformer.compile` wraps its optimizer in this one under
+    `mixed_float16`.
+    """
+
+    def _stateful_handle_non_finite_grads(self):
+        super()._stateful_handle_non_finite_grads()
+        inner = self.inner_optimizer
+        if inner.gradient_accumulation_steps:
+            def drop_update():
+                inner._backend_reset_gradient_accumulators()
+                if hasattr(inner, "_accumulated_tokens"):
+                    inner._accumulated_tokens.assign(0.0)
+
+            last = (inner._iterations + 1) % inner.gradient_accumulation_steps == 0
+            keras.ops.cond(last, drop_update, lambda: None)
+        inner._iterations.assign_add(1)
+
+
+def unwrapped(optimizer):
+    """The optimizer that updates the weights: the inner one of a `LossScaleOptimizer`
+    (whose own `gradient_accumulation_steps` is None and whose own step count stays 0)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
 
 
 # Its name while it updated each variable with TensorFlow's fused Adam kernel; that kernel was

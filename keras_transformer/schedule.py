@@ -5,6 +5,8 @@ import logging
 import keras
 import tensorflow as tf
 
+from keras_transformer.optimizer import unwrapped
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,7 +50,7 @@ class HostStepCounter(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._micro_batches is None:
-            optimizer = self.model.optimizer
+            optimizer = unwrapped(self.model.optimizer)
             self._accumulation = optimizer.gradient_accumulation_steps or 1
             self._micro_batches = int(keras.ops.convert_to_numpy(optimizer._iterations))
 
@@ -82,7 +84,7 @@ class ScheduleCallback(HostStepCounter):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        optimizer = self.model.optimizer
+        optimizer = unwrapped(self.model.optimizer)
         if optimizer._learning_rate is not self.schedule:
             optimizer.learning_rate = self.schedule
             self.model.make_train_function(force=True)  # a traced step read the old rate

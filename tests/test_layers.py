@@ -85,6 +85,36 @@ def test_fused_adam_matches_keras_adam(rng, accumulate):
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("inner", ["sgd", "token_weighted_adam"])
+def test_loss_scaling_drops_an_overflowing_update_but_counts_its_step(inner):
+    """Issue 23, item 8 (mixed_float16): gradients that overflow skip the update, as in
+    Keras, but the step count still advances, so steps stay equal to the batches consumed.
+    Under accumulation an overflowing first micro-batch adds nothing and an overflowing last
+    one drops its update. The weights are checked against plain SGD arithmetic in NumPy (the
+    micro-batches kept, each averaged over the 2 accumulation steps)."""
+    if inner == "sgd":
+        optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+    else:
+        optimizer = kt.make_optimizer(0.1, gradient_accumulation_steps=2)
+        optimizer.micro_batch_tokens = tf.constant(5.0)
+    scaled = kt.TokenWeightedLossScaleOptimizer(optimizer, initial_scale=8.0)
+    inf = np.inf
+    cycles = [([1, 2, 3], [3, 2, 1]), ([1, 1, 1], [inf, 0, 0]), ([inf, 0, 0], [2, 2, 4])]
+    variable = keras.Variable(np.ones(3, np.float32))
+    for micro_batches in cycles:
+        for grad in micro_batches:
+            scale = float(scaled.dynamic_scale) if scaled.built else 8.0
+            scaled.apply([tf.constant(grad, tf.float32) * scale], [variable])
+    assert int(scaled.iterations) == 3 and int(optimizer._iterations) == 6
+    assert float(scaled.dynamic_scale) == 2.0  # halved by each overflow
+    if inner == "sgd":
+        expected = 1 - 0.1 * (np.add([1, 2, 3], [3, 2, 1]) / 2 + np.array([2, 2, 4]) / 2)
+        np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6)
+    else:
+        assert np.all(np.isfinite(variable.numpy()))
+        assert float(optimizer._accumulated_tokens) == 0.0  # the dropped update's tokens too
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_residual_is_post_ln_or_pre_ln_and_passes_extras_through(rng, norm_first):
     """§3.1: LayerNorm(x + Sublayer(x)); pre-LN: x + Sublayer(LayerNorm(x)) (dropout off at

@@ -242,7 +242,10 @@ def test_multi_worker_resume_agrees_on_the_backup(tmp_path):
 
 
 STRATEGY_FLAGS = {"default": ["--strategy", "default"],
-                  "mirrored": ["--strategy", "mirrored", "--logical_cpus", "2"]}
+                  "mirrored": ["--strategy", "mirrored", "--logical_cpus", "2"],
+                  # issue 23, item 8: loss scaling and accumulation keep steps = batches / 2
+                  "float16-accumulated": ["--strategy", "default", "--precision",
+                                          "mixed_float16", "--grad_accum", "2"]}
 
 
 @pytest.mark.slow
@@ -251,7 +254,9 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, strategy):
     """Killed after a backup (every 5 steps, epochs of 10), the same command resumes there with
     the input position restored (a few batches read again, not the 25 trained on) and ends
     with the weights of an uninterrupted run. Under MirroredStrategy too (issue 23, item 1:
-    the restore built the optimizer outside `strategy.scope()` and crashed)."""
+    the restore built the optimizer outside `strategy.scope()` and crashed), and in
+    mixed_float16 with gradient accumulation (item 8: Keras' loss scaling made the host step
+    count read micro-batches)."""
     from trainers.backup import INPUT_LEAD, backup_metadata
 
     common = SMALL + ["--train_steps", "40", "--steps_per_epoch", "10", "--backup_every_steps",
@@ -349,16 +354,26 @@ def test_bad_flag_value_is_rejected():
 
 
 def test_precision_auto_follows_the_hardware():
-    """bfloat16 only where it is native (issue 12): emulated bfloat16 is slower than float32."""
+    """bfloat16 only where it is native (issue 12): emulated bfloat16 is slower than float32;
+    float16 on GPUs with float16 tensor cores only (issue 23, item 8)."""
     import tensorflow as tf
 
     from trainers.precision import choose_precision
 
     strategy = tf.distribute.get_strategy()
-    assert choose_precision("auto", strategy, flags={"avx2", "fma"})[0] == "float32"
-    assert choose_precision("auto", strategy, flags={"avx2", "avx512_bf16"})[0] == "mixed_bfloat16"
-    assert choose_precision("auto", strategy, flags={"amx_bf16"})[0] == "mixed_bfloat16"
+
+    def on_cpu(flags):
+        return choose_precision("auto", strategy, flags=flags, capabilities=[])[0]
+
+    assert on_cpu({"avx2", "fma"}) == "float32"
+    assert on_cpu({"avx2", "avx512_bf16"}) == on_cpu({"amx_bf16"}) == "mixed_bfloat16"
     assert choose_precision("float32", strategy, flags={"amx_bf16"}) == ("float32", "as asked")
+    # GPUs: bfloat16 from Ampere (8.0) on, float16 tensor cores on Volta and Turing (7.x)
+    gpus = {(8, 0): "mixed_bfloat16", (9, 0): "mixed_bfloat16", (7, 5): "mixed_float16",
+            (7, 0): "mixed_float16", (6, 0): "float32"}
+    for capability, expected in gpus.items():
+        assert choose_precision("auto", strategy, capabilities=[capability])[0] == expected
+    assert choose_precision("auto", strategy, capabilities=[(8, 0), (7, 5)])[0] == "mixed_float16"
 
 
 @pytest.mark.slow

@@ -1,9 +1,13 @@
-"""`--precision auto`: bfloat16 where the hardware computes it natively, float32 elsewhere.
+"""`--precision auto`: bfloat16 where the hardware computes it natively, float16 on GPUs that
+have tensor cores for float16 only, float32 elsewhere.
 
 mixed_bfloat16 halves the matrix products' cost on TPUs, on GPUs of compute capability 8.0 and
 newer (A100, H100, ...) and on CPUs with AMX or AVX512-BF16 (oneDNN uses those units). On other
 CPUs TensorFlow emulates bfloat16 and a step is slower than in float32 (measured on an
 AVX2-only EPYC: 650-730 against 1,040-1,070 target tokens/s), so auto picks float32 there.
+GPUs of compute capability 7.x (V100, T4: Colab's free GPU) have float16 tensor cores and no
+bfloat16: auto picks mixed_float16 there, with dynamic loss scaling
+(`kt.TokenWeightedLossScaleOptimizer`).
 """
 
 import pathlib
@@ -35,19 +39,28 @@ def cpu_model(cpuinfo="/proc/cpuinfo"):
     return "unknown CPU"
 
 
-def choose_precision(requested, strategy, flags=None):
-    """(policy name, reason) for `--precision requested` under `strategy`."""
+def gpu_capabilities():
+    """The compute capability (major, minor) of each visible GPU."""
+    return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability")
+                  or (0, 0)) for gpu in tf.config.list_physical_devices("GPU")]
+
+
+def choose_precision(requested, strategy, flags=None, capabilities=None):
+    """(policy name, reason) for `--precision requested` under `strategy`; `flags` (the CPU's)
+    and `capabilities` (the GPUs') are read from this machine unless given."""
     if requested != "auto":
         return requested, "as asked"
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return "mixed_bfloat16", "TPU: bfloat16 is native"
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")
-                        for gpu in gpus]
-        if all(c and tuple(c) >= (8, 0) for c in capabilities):
-            return "mixed_bfloat16", f"GPU(s) of compute capability {capabilities[0]}: bfloat16 is native"
-        return "float32", f"GPU(s) of compute capability {capabilities[0]}: no native bfloat16"
+    capabilities = gpu_capabilities() if capabilities is None else capabilities
+    if capabilities:
+        oldest = min(capabilities)
+        if oldest >= (8, 0):
+            return "mixed_bfloat16", f"GPU(s) of compute capability {oldest}: bfloat16 is native"
+        if oldest >= (7, 0):
+            return "mixed_float16", (f"GPU(s) of compute capability {oldest}: float16 tensor "
+                                     "cores, no bfloat16")
+        return "float32", f"GPU(s) of compute capability {oldest}: no float16 tensor cores"
     flags = cpu_flags() if flags is None else flags
     native = sorted(set(flags) & set(CPU_BF16_FLAGS))
     if native:

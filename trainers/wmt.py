@@ -107,7 +107,8 @@ def _distribution_flags(run):
                      help="split the CPU into N devices (mirrored replicas without GPUs)")
     run.add_argument("--precision", choices=PRECISIONS, default="auto",
                      help="auto: mixed_bfloat16 on TPUs, GPUs and CPUs with native bfloat16 "
-                          "(AMX, AVX512-BF16), float32 elsewhere")
+                          "(AMX, AVX512-BF16), mixed_float16 on GPUs of compute capability "
+                          "7.x (V100, T4), float32 elsewhere")
     run.add_argument("--steps_per_execution", type=int, default=1,
                      help="train steps per call into the graph (TPU or one device; not "
                           "MirroredStrategy on CPUs)")
