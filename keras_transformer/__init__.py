@@ -34,4 +34,7 @@ from keras_transformer.schedule import ScheduleCallback, TransformerSchedule
 from keras_transformer.tokenizer import Tokenizer
 from keras_transformer.translator import Translator
 
+# keras-hub's classes (registered for from_preset): keras_transformer.hub.TransformerSeq2SeqLM etc.
+from keras_transformer import hub  # noqa: E402  (after the layers it builds on)
+
 __version__ = "0.1.0"

@@ -84,7 +84,8 @@ class SharedEmbedding(keras.layers.Layer):
     """One weight matrix [vocab_size, d_model] for the source embedding, the target embedding
     and the pre-softmax linear map (§3.4). Embeddings are multiplied by sqrt(d_model).
 
-    Call: ids [B, T] int -> [B, T, d_model].
+    Call: ids [B, T] int -> [B, T, d_model]; with `reverse=True` (keras-hub's
+    `ReversibleEmbedding` convention), `logits`.
     `logits(x)`: x [B, T, d_model] -> [B, T, vocab_size], x W^T (no bias), computed in
     float32 whatever the compute dtype: under mixed precision the softmax, the loss and the
     beam scores see full-precision logits, not bfloat16 values cast up.
@@ -102,7 +103,9 @@ class SharedEmbedding(keras.layers.Layer):
             autocast=False,  # read in float32; `call` casts it to the compute dtype itself
         )
 
-    def call(self, ids):
+    def call(self, ids, reverse=False):
+        if reverse:
+            return self.logits(ids)
         # Gather, then cast the rows: casting the whole [V, d] table would cost a pass over it
         # at every call (every decoding step among them).
         rows = tf.gather(self.embeddings, tf.cast(ids, tf.int32))
@@ -117,8 +120,14 @@ class SharedEmbedding(keras.layers.Layer):
         shape = tf.concat([tf.shape(x)[:-1], [self.vocab_size]], 0)
         return tf.reshape(logits, shape)
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, reverse=False):
+        if reverse:
+            return tuple(input_shape)[:-1] + (self.vocab_size,)
         return tuple(input_shape) + (self.d_model,)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        shape = self.compute_output_shape(inputs.shape, reverse)
+        return keras.KerasTensor(shape, "float32" if reverse else self.compute_dtype)
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}

@@ -16,6 +16,7 @@
 """
 
 import json
+import os
 import pathlib
 
 import keras
@@ -37,11 +38,29 @@ def list_checkpoints(directory):
     return sorted(pathlib.Path(directory).glob(CHECKPOINT_GLOB))
 
 
+def write_atomically(path, write):
+    """Has `write(temporary_path)` write the file, then renames it to `path`: a run killed
+    while writing leaves the previous file (or none), never a truncated one. The temporary
+    name is hidden (a leading dot) and keeps the suffixes Keras checks (.weights.h5)."""
+    path = pathlib.Path(path)
+    stem, dot, suffixes = path.name.partition(".")
+    temporary = path.with_name(f".{stem}.partial{dot}{suffixes}")
+    write(temporary)
+    os.replace(temporary, path)
+    return path
+
+
+def write_text_atomically(path, text):
+    """Writes `text` (UTF-8) to `path` through `write_atomically`."""
+    return write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
 def write_run_config(model_dir, config, settings):
     """Writes config.json: the model's `config` and the run's `settings` (a dict)."""
     path = pathlib.Path(model_dir) / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"model": config.to_dict(), "run": settings}, indent=2))
+    write_text_atomically(path, json.dumps({"model": config.to_dict(), "run": settings},
+                                           indent=2))
 
 
 def read_run_config(model_dir):
@@ -98,10 +117,11 @@ def save_model_weights(model, path):
     """Writes `model`'s own weights to `path` (a .weights.h5 file), leaving out its
     optimizer's state: checkpoints, best/ and averaged weights are read to translate, average
     and export, and Adam's two moments would triple them. Only the backups
-    (trainers/backup.py) keep the optimizer, to resume training."""
+    (trainers/backup.py) keep the optimizer, to resume training. Returns `path`."""
     optimizer = getattr(model, "optimizer", None)
-    keras.saving.save_weights(model, path,
-                              objects_to_skip=[optimizer] if optimizer is not None else None)
+    skip = [optimizer] if optimizer is not None else None
+    return write_atomically(path, lambda temporary: keras.saving.save_weights(
+        model, temporary, objects_to_skip=skip))
 
 
 def load_weights(model, path):

@@ -589,3 +589,49 @@ def test_best_by_loss_is_exported_when_it_improves(tmp_path):
     assert best["value"] == pytest.approx(losses[best["step"]], rel=1e-5)
     exported = sorted((tmp_path / "run/best/export").glob("*/saved_model.pb"))
     assert len(exported) == 1, exported
+
+
+def test_a_write_cut_short_leaves_the_previous_file(tmp_path):
+    """Issue 23, item 2: every file a later step reads is written whole or not at all. A
+    write that dies midway (here: raises after writing half) leaves the old contents under
+    the real name and the half-written bytes under a hidden name that no glob of ours reads."""
+    from keras_transformer.run_dir import CHECKPOINT_GLOB, write_atomically
+
+    path = tmp_path / "ckpt-00000005.weights.h5"
+    path.write_bytes(b"old")
+
+    def dies_midway(temporary):
+        temporary.write_bytes(b"ne")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(path, dies_midway)
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.glob(CHECKPOINT_GLOB)] == [path.name]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [
+        ".ckpt-00000005.partial.weights.h5"]
+    write_atomically(path, lambda temporary: temporary.write_bytes(b"new"))
+    assert path.read_bytes() == b"new" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_an_unreadable_backup_is_passed_over_with_a_reason(tmp_path, caplog):
+    """Issue 23, item 2: a backup whose weights file is cut short (a full disk; a kill
+    cannot, backups are renamed into place whole) is never loaded: the resume takes the one
+    before it and the log says why. h5py itself decides what opens."""
+    import tensorflow as tf
+
+    from trainers.backup import common_backup_epoch, readable_backups
+
+    for epoch in (1, 2):
+        folder = tmp_path / f"epoch-{epoch:06d}"
+        folder.mkdir()
+        (folder / "metadata.json").write_text(json.dumps({"epoch": epoch}))
+        with h5py.File(folder / "state.weights.h5", "w") as f:
+            f.create_dataset("w", data=np.ones((64, 64)))
+    (tmp_path / "epoch-000003.partial").mkdir()  # a backup being written when killed
+    assert [p.name for p in readable_backups(tmp_path)] == ["epoch-000001", "epoch-000002"]
+    state = tmp_path / "epoch-000002/state.weights.h5"
+    state.write_bytes(state.read_bytes()[:state.stat().st_size // 2])
+    with caplog.at_level("WARNING"):
+        assert common_backup_epoch(tmp_path, tf.distribute.get_strategy()) == 1
+    assert "epoch-000002 is unreadable" in caplog.text and "truncated" in caplog.text

@@ -4,6 +4,7 @@ with the optimizer's state, and the input position (see resumable_input.py)."""
 import json
 import logging
 import pathlib
+import re
 import shutil
 import time
 
@@ -19,14 +20,35 @@ INPUT_LEAD = 8
 
 
 def completed_backups(directory):
-    """The complete backup folders in `directory`, oldest first."""
+    """The complete backup folders in `directory` (epoch-000123; one being written or removed
+    has a suffix), oldest first."""
     return sorted(p for p in pathlib.Path(directory).glob("epoch-*")
-                  if p.is_dir() and not p.name.endswith(".partial"))
+                  if p.is_dir() and re.fullmatch(r"epoch-\d+", p.name))
 
 
 def backup_epoch(path):
     """The epoch a backup folder (epoch-000123) holds."""
     return int(path.name.split("-")[1])
+
+
+def readable_backups(directory):
+    """The complete backups in `directory` whose files open, oldest first. Backups are
+    renamed into place only when whole, so a kill cannot cut one short; a full disk or a copy
+    can, and such a backup is passed over, with a log line, for the one before it."""
+    import h5py
+
+    readable = []
+    for path in completed_backups(directory):
+        try:
+            json.loads((path / "metadata.json").read_text())
+            with h5py.File(path / "state.weights.h5", "r"):
+                pass
+        except (OSError, ValueError) as error:
+            logger.warning("backup %s is unreadable (%s): resuming from the one before it",
+                           path, str(error)[:200])
+            continue
+        readable.append(path)
+    return readable
 
 
 def backup_metadata(directory):
@@ -66,18 +88,29 @@ class TrainingBackup(HostStepCounter):
         start = time.monotonic()
         target = self.directory / f"epoch-{epoch + 1:06d}"
         partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
+        for stale in self.directory.glob("epoch-*.*"):  # .partial, .discarded: left by a kill
+            shutil.rmtree(stale)
         (self.directory / "pending").rename(partial)
         self.model.save_weights(partial / "state.weights.h5")
         (partial / "metadata.json").write_text(json.dumps(
             {"epoch": epoch + 1, "batches": self._micro_batches, "step": self.step}))
         # A backup of this epoch can exist already: one that the other workers lacked, left
         # aside when the run resumed from an older one (common_backup_epoch). This one replaces it.
-        shutil.rmtree(target, ignore_errors=True)
+        discard(target)
         partial.rename(target)
         for old in completed_backups(self.directory)[:-2]:
-            shutil.rmtree(old)
+            discard(old)
         logger.info("backed up step %d in %.1f s", self.step, time.monotonic() - start)
+
+
+def discard(backup):
+    """Removes a backup folder, first renaming it out of `completed_backups`' sight: a kill
+    in the middle of the removal leaves a .discarded folder, not a backup missing files."""
+    if backup.exists():
+        doomed = backup.with_name(backup.name + ".discarded")
+        shutil.rmtree(doomed, ignore_errors=True)
+        backup.rename(doomed)
+        shutil.rmtree(doomed)
 
 
 def common_backup_epoch(directory, strategy):
@@ -88,7 +121,7 @@ def common_backup_epoch(directory, strategy):
     present on all of them."""
     import tensorflow as tf
 
-    found = completed_backups(directory)
+    found = readable_backups(directory)
     newest = backup_epoch(found[-1]) if found else 0
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return newest
@@ -100,7 +133,7 @@ def restore_backup(directory, model, resumable_input, epoch=None):
     """Loads the newest backup in `directory` (with `epoch`, the newest up to that epoch)
     into `model` (weights and optimizer) and positions `resumable_input` after the batches it
     had read. Returns its metadata (None when there is no backup: a fresh start)."""
-    found = completed_backups(directory)
+    found = readable_backups(directory)
     if epoch is not None:
         newer = [p for p in found if backup_epoch(p) > epoch]
         if newer:

@@ -9,6 +9,8 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_transformer.run_dir import write_text_atomically
+
 logger = logging.getLogger(__name__)
 
 
@@ -125,7 +127,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def _write(self):
         self.record.parent.mkdir(parents=True, exist_ok=True)
-        self.record.write_text(json.dumps({"train_minutes": self.used()}))
+        write_text_atomically(self.record, json.dumps({"train_minutes": self.used()}))
 
     def on_train_batch_end(self, batch, logs=None):
         if self.used() >= self.minutes and not self.model.stop_training:

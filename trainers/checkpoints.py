@@ -31,6 +31,8 @@ class PeriodicCheckpoint(HostStepCounter):
         if path.exists():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".ckpt-*"):  # half-written by a killed run
+            stale.unlink()
         save_model_weights(self.model, path)
         logger.info("saved %s", path)
         for old in list_checkpoints(self.directory)[:-self.keep]:

@@ -37,8 +37,8 @@ def translate_split(settings, translator, split, out_dir):
     start = time.perf_counter()
     hypotheses = translator.translate(sources)
     seconds = time.perf_counter() - start
-    (out_dir / f"{split}.txt").write_text("".join(h + "\n" for h in hypotheses),
-                                          encoding="utf-8")
+    run_dir.write_text_atomically(out_dir / f"{split}.txt",
+                                  "".join(h + "\n" for h in hypotheses))
     scores = score(hypotheses, references, settings.tokenized_bleu)
     scores.update(sentences=len(sources), seconds=seconds)
     print(f"{split}: BLEU = {scores['bleu']:.2f} ({scores['bleu_signature']}), "
@@ -66,7 +66,7 @@ def evaluate(settings, config, tokenizer, model_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {split: translate_split(settings, translator, split, out_dir)
                for split in settings.eval_splits.split(",") if split}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    run_dir.write_text_atomically(out_dir / "results.json", json.dumps(results, indent=2))
     if not settings.no_export:
         from export.saved_model import export
 

@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 import keras_transformer as kt
+from keras_transformer import run_dir
 from keras_transformer.data import corpora, pipeline
 from keras_transformer.translator import Translator
 from trainers import corpus
@@ -134,7 +135,8 @@ def report(settings, model, throughput, seconds, model_dir, chief):
                "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
                "precision": settings.precision_chosen, "batch_tokens": settings.batch_tokens}
     if chief:
-        (model_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        run_dir.write_text_atomically(model_dir / "train_summary.json",
+                                      json.dumps(summary, indent=2))
     if summary.get("real_token_share") is not None:
         print(f"trained to step {summary['steps']}: {summary['tokens_per_second']:,.0f} real "
               f"target tokens/s, {100 * summary['real_token_share']:.1f}% of the batch budget "
@@ -182,5 +184,12 @@ def train(settings, config, strategy, tokenizer, model_dir):
         throughput = next(c for c in callbacks if isinstance(c, Throughput))
         report(settings, model, throughput, time.monotonic() - start, model_dir,
                is_chief(strategy))
+    elif is_chief(strategy) and not (model_dir / "train_summary.json").exists():
+        # Killed after its last backup, before the summary: the steps are the backup's.
+        run_dir.write_text_atomically(model_dir / "train_summary.json", json.dumps({
+            "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+            "precision": settings.precision_chosen, "batch_tokens": settings.batch_tokens,
+            "note": "restored from the last backup; the throughput of the run was not kept"},
+            indent=2))
     stats.log()
     corpus.log_skipped()

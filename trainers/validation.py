@@ -10,7 +10,7 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer.run_dir import build_model, save_model_weights
+from keras_transformer.run_dir import build_model, save_model_weights, write_text_atomically
 from keras_transformer.schedule import HostStepCounter
 
 logger = logging.getLogger(__name__)
@@ -51,11 +51,14 @@ class BestCheckpoint:
         if not self.improves(value):
             return False
         self.directory.mkdir(parents=True, exist_ok=True)
-        for old in self.directory.glob("ckpt-*.weights.h5"):
-            old.unlink()
-        save_model_weights(model, self.directory / f"ckpt-{step:08d}.weights.h5")
+        # new weights, then the record naming them, then the old weights go: a kill at any
+        # point leaves best.json naming a whole file
+        kept = save_model_weights(model, self.directory / f"ckpt-{step:08d}.weights.h5")
         self.best = {"metric": self.metric, "value": value, "step": step}
-        (self.directory / "best.json").write_text(json.dumps(self.best))
+        write_text_atomically(self.directory / "best.json", json.dumps(self.best))
+        for old in self.directory.glob("ckpt-*.weights.h5"):
+            if old != kept:
+                old.unlink()
         logger.info("best/ now holds step %d (validation %s %.4g)", step, self.metric, value)
         if self.export is not None:
             shutil.rmtree(self.directory / "export", ignore_errors=True)
