@@ -452,6 +452,14 @@ def _check_execution(s):
     if s.train_minutes is not None and s.strategy == "multi_worker":
         raise ConfigError("--train_minutes is not supported with --strategy multi_worker yet: "
                           "each worker would stop at its own step. Use --train_steps.")
+    if s.grad_accum > 1 and s.strategy in ("mirrored", "multi_worker"):
+        # Keras 3.15's accumulation updates the weights inside ops.cond, and a mirrored
+        # variable's update there needs a merge_call, which TensorFlow refuses in a cond
+        # ("`merge_call` called while defining a new graph"); plain Keras Adam fails alike.
+        raise ConfigError(f"--grad_accum {s.grad_accum} does not work with --strategy "
+                          f"{s.strategy} (Keras' gradient accumulation crashes under "
+                          "MirroredStrategy): raise --batch_tokens instead, or use --strategy "
+                          "default, one_device or tpu.")
     if spe > 1 and s.strategy in ("mirrored", "multi_worker"):
         raise ConfigError(f"--steps_per_execution {spe} needs --strategy default, one_device "
                           "or tpu: Keras crashes with it under MirroredStrategy on CPUs.")
