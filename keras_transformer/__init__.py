@@ -1,5 +1,12 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017)
-as Keras 3 layers on TensorFlow."""
+as Keras 3 layers.
+
+The layers, the model, the loss, the schedule and decoding are written in `keras.ops` and run
+on every Keras backend (TensorFlow, JAX, PyTorch) and without TensorFlow installed; the
+tokenizer (TF Text), the `Translator` and the `tf.data` pipelines need TensorFlow, and are
+imported when first used (`keras_transformer.Tokenizer`), so that importing the package does
+not import TensorFlow.
+"""
 
 import os
 
@@ -31,10 +38,26 @@ from keras_transformer.optimizer import (FusedAdam, TokenWeightedAdam,
 from keras_transformer.outputs import WithCache, WithCacheAndWeights, WithWeights
 from keras_transformer.residual import Residual
 from keras_transformer.schedule import ScheduleCallback, TransformerSchedule
-from keras_transformer.tokenizer import Tokenizer
-from keras_transformer.translator import Translator
 
 # keras-hub's classes (registered for from_preset): keras_transformer.hub.TransformerSeq2SeqLM etc.
-from keras_transformer import hub  # noqa: E402  (after the layers it builds on)
+# Where keras-hub is not installed (a bare JAX machine, say) there is nothing to register.
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec("keras_hub") is not None:
+    from keras_transformer import hub  # noqa: F401  (after the layers it builds on)
 
 __version__ = "0.1.0"
+
+# What needs TensorFlow, imported on first use (PEP 562): names and modules.
+_NEEDS_TENSORFLOW = {"Tokenizer": "keras_transformer.tokenizer",
+                     "Translator": "keras_transformer.translator"}
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _NEEDS_TENSORFLOW:
+        return getattr(importlib.import_module(_NEEDS_TENSORFLOW[name]), name)
+    if name in ("tokenizer", "translator", "data", "run_dir"):
+        return importlib.import_module(f"keras_transformer.{name}")
+    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Scaled dot-product attention (§3.2.1) and multi-head attention (§3.2.2)."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from keras_transformer import cache as decoding_cache
 from keras_transformer.dropout import Dropout
@@ -23,13 +23,15 @@ def scaled_dot_product_attention(query, key, value, mask=None, drop_weights=None
         (outputs [..., T_q, d_v] in the query's dtype, weights [..., T_q, T_k] in float32).
     """
     d_k = query.shape[-1]
-    query = query * tf.cast(d_k**-0.5, query.dtype)
-    scores = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
+    query = query * ops.cast(d_k**-0.5, query.dtype)
+    # (an einsum, not a matmul of the transposed keys: that transpose would copy the whole
+    # decoding cache at every step)
+    scores = ops.cast(ops.einsum("...qd,...kd->...qk", query, key), "float32")
     if mask is not None:
-        scores = tf.where(mask, scores, MASKED_SCORE)
-    weights = tf.nn.softmax(scores, axis=-1)
+        scores = ops.where(mask, scores, MASKED_SCORE)
+    weights = ops.softmax(scores, axis=-1)
     applied = weights if drop_weights is None else drop_weights(weights)
-    outputs = tf.matmul(tf.cast(applied, value.dtype), value)
+    outputs = ops.matmul(ops.cast(applied, value.dtype), value)
     return outputs, weights
 
 
@@ -89,8 +91,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _split_heads(self, x, heads):
         """[B, T, heads * d_k] -> [B, heads, T, d_k]."""
-        x = tf.reshape(x, tf.concat([tf.shape(x)[:2], [heads, self.head_dim]], 0))
-        return tf.transpose(x, [0, 2, 1, 3])
+        x = ops.reshape(x, (*ops.shape(x)[:2], heads, self.head_dim))
+        return ops.transpose(x, (0, 2, 1, 3))
 
     def project_key_value(self, value):
         """Keys and values [B, kv_heads, T_k, d_k] of `value` [B, T_k, d_model]."""
@@ -105,9 +107,9 @@ class MultiHeadAttention(keras.layers.Layer):
     def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
              return_attention_scores=False, training=None):
         groups = self.num_heads // self.num_kv_heads
-        batch_size, query_length = tf.shape(query)[0], tf.shape(query)[1]
-        q = tf.reshape(self.query_dense(query),
-                       [batch_size, query_length, self.num_kv_heads, groups, self.head_dim])
+        batch_size, query_length = ops.shape(query)[0], ops.shape(query)[1]
+        q = ops.reshape(self.query_dense(query),
+                        (batch_size, query_length, self.num_kv_heads, groups, self.head_dim))
         if cache is not None and cache_index is None:
             key, value_heads = cache
         else:
@@ -118,19 +120,19 @@ class MultiHeadAttention(keras.layers.Layer):
                 cache = (key, value_heads)
         # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
         # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
-        q = tf.transpose(q, [0, 2, 3, 1, 4])
-        k, v = tf.expand_dims(key, 2), tf.expand_dims(value_heads, 2)
+        q = ops.transpose(q, (0, 2, 3, 1, 4))
+        k, v = ops.expand_dims(key, 2), ops.expand_dims(value_heads, 2)
         mask = None if attention_mask is None else attention_mask[:, None, None]
         drop_weights = None
         if self.dropout > 0:
             drop_weights = lambda w: self.drop_weights(w, training=training)  # noqa: E731
-        outputs, weights = scaled_dot_product_attention(q, k, tf.cast(v, q.dtype), mask,
+        outputs, weights = scaled_dot_product_attention(q, k, ops.cast(v, q.dtype), mask,
                                                         drop_weights)
-        outputs = tf.transpose(outputs, [0, 3, 1, 2, 4])
-        outputs = tf.reshape(outputs, [batch_size, query_length, self.num_heads * self.head_dim])
+        outputs = ops.transpose(outputs, (0, 3, 1, 2, 4))
+        outputs = ops.reshape(outputs, (batch_size, query_length, self.num_heads * self.head_dim))
         outputs = self.output_dense(outputs)
         if return_attention_scores:
-            weights = tf.reshape(weights, [batch_size, self.num_heads, query_length, -1])
+            weights = ops.reshape(weights, (batch_size, self.num_heads, query_length, -1))
         return layer_output(outputs, cache=cache if cache_index is not None else None,
                             weights=weights if return_attention_scores else None)
 

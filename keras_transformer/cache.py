@@ -17,7 +17,8 @@ memory half (`fixed`) outside the loop; beam search `reorder`s the carried half 
 hypothesis's parent.
 """
 
-import tensorflow as tf
+import keras
+from keras import ops
 
 SELF_ATTENTION = ("key", "value")
 MEMORY = ("memory_key", "memory_value")
@@ -25,7 +26,7 @@ MEMORY = ("memory_key", "memory_value")
 
 def empty(batch_size, kv_heads, max_length, head_dim, dtype):
     """Zeroed self-attention keys and values, each [B, kv_heads, max_length, d_k]."""
-    zeros = tf.zeros([batch_size, kv_heads, max_length, head_dim], dtype)
+    zeros = ops.zeros((batch_size, kv_heads, max_length, head_dim), dtype)
     return zeros, zeros
 
 
@@ -36,15 +37,25 @@ def layer_cache(key, value, memory_key, memory_value):
 
 def write(buffer, update, index):
     """`buffer` [B, H, L, d] with `update` [B, H, T, d] written at positions index .. index +
-    T - 1. Static shapes and core TF ops only, so it compiles under XLA and serves from a
-    SavedModel."""
+    T - 1, static shapes throughout (XLA, TPUs, SavedModels)."""
+    update = ops.cast(update, buffer.dtype)
+    if keras.backend.backend() == "tensorflow":
+        # TensorFlow's `slice_update` is XLA's DynamicUpdateSlice, which stock TF Serving
+        # cannot run outside XLA; a scatter of the T positions is core TF.
+        return scatter_write(buffer, update, index)
+    return ops.slice_update(buffer, (0, 0, index, 0), update)
+
+
+def scatter_write(buffer, update, index):
+    """`write` as a scatter of core TensorFlow ops (TensorFlow only)."""
+    import tensorflow as tf
+
     shape = tf.shape(update)
     batch, heads, steps = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]),
                                       tf.range(shape[2]) + tf.cast(index, tf.int32),
                                       indexing="ij")
     indices = tf.reshape(tf.stack([batch, heads, steps], axis=-1), [-1, 3])
-    flat = tf.reshape(update, [-1, shape[3]])
-    return tf.tensor_scatter_nd_update(buffer, indices, tf.cast(flat, buffer.dtype))
+    return tf.tensor_scatter_nd_update(buffer, indices, tf.reshape(update, [-1, shape[3]]))
 
 
 def carried(caches):
@@ -66,4 +77,4 @@ def reorder(carried_caches, parents):
     """The carried caches (or any structure of [N, ...] tensors) of the hypotheses `parents`
     [N] (beam search: each hypothesis continues its parent's). The fixed part is the same for
     every beam of a source."""
-    return tf.nest.map_structure(lambda t: tf.gather(t, parents), carried_caches)
+    return keras.tree.map_structure(lambda t: ops.take(t, parents, axis=0), carried_caches)

@@ -2,6 +2,9 @@
 
 import dataclasses
 
+# The special token ids of every vocabulary this library writes (keras_transformer/tokenizer.py).
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
 PRESETS = {
     # Small enough to train in minutes on two CPU cores; used by tests and the sample corpus.
     "tiny": dict(

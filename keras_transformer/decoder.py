@@ -2,7 +2,7 @@
 attention and feed-forward, with the cache that makes decoding one position per step."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from keras_transformer import cache as decoding_cache
 from keras_transformer import masks
@@ -97,7 +97,7 @@ class Decoder(LayerStack):
     def init_cache(self, memory, max_length):
         """One cache per layer (keras_transformer/cache.py) for decoding up to `max_length`
         positions against `memory` [B, S, d_model]."""
-        batch_size = tf.shape(memory)[0]
+        batch_size = ops.shape(memory)[0]
         return [decoding_cache.layer_cache(*layer.self_attention.init_cache(batch_size, max_length),
                                            *layer.memory_cache(memory))
                 for layer in self.layers]
@@ -105,14 +105,14 @@ class Decoder(LayerStack):
     def call(self, embeddings, memory, padding_mask=None, memory_mask=None, cache=None,
              cache_index=None, return_attention_scores=False, training=None, segment_ids=None,
              memory_segment_ids=None, positions=None):
-        length = tf.shape(embeddings)[1]
+        length = ops.shape(embeddings)[1]
         start = 0 if cache_index is None else cache_index
         x = embeddings + self.positions(embeddings, start_index=start, positions=positions)
         x = self.drop_embeddings(x, training=training)
         if cache is None:
             self_mask = masks.decoder_self_attention(length, padding_mask, segment_ids)
         else:
-            self_mask = masks.cached_self_attention(length, tf.shape(cache[0]["key"])[2],
+            self_mask = masks.cached_self_attention(length, ops.shape(cache[0]["key"])[2],
                                                     cache_index)
         if memory_mask is not None:
             memory_mask = masks.encoder_decoder_attention(memory_mask, segment_ids,

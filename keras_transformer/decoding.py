@@ -2,9 +2,11 @@
 
 Both run the encoder once per batch, compute the encoder-decoder keys and values once per
 layer, and then decode one position per step against preallocated self-attention caches, in a
-single `tf.while_loop` with static shapes: they trace under `tf.function`, compile with
-`jit_compile=True` and export in a SavedModel. Called eagerly, each runs through a
-`tf.function` kept for the model and settings, so only the first call traces.
+single `keras.ops.while_loop` with static shapes, written in `keras.ops` so they run on every
+Keras backend: on TensorFlow they trace under `tf.function`, compile with `jit_compile=True`
+and export in a SavedModel (a `tf.while_loop`); on JAX they trace under `jax.jit`. Called
+eagerly, each runs through a compiled function kept for the model and settings (a
+`tf.function`, or a `jax.jit` of the model's variables), so only the first call traces.
 
 Beam search (`beam_search`): each step extends every live hypothesis by every token, keeps the
 2K best extensions, files those that end (EOS or the source's limit) among the K best finished
@@ -24,7 +26,8 @@ by `config.max_length`).
 import weakref
 from typing import Any, NamedTuple
 
-import tensorflow as tf
+import keras
+from keras import ops
 
 from keras_transformer import cache as decoding_cache
 from keras_transformer.outputs import split_output
@@ -41,31 +44,64 @@ def length_penalty(length, alpha, penalty="gnmt"):
     CTranslate2's and fairseq's normalization; the caller passes the length without EOS;
     an empty hypothesis counts as 1). length: int tensor of any shape -> float32 of the same
     shape."""
-    length = tf.cast(length, tf.float32)
+    length = ops.cast(length, "float32")
     if penalty == "length":
         # A hypothesis that is EOS alone has no tokens: scored as one token, not divided by
         # 0 ** alpha (which gives -inf or NaN).
-        return tf.pow(tf.maximum(length, 1.0), alpha)
-    return tf.pow((5.0 + length) / 6.0, alpha)
+        return ops.power(ops.maximum(length, 1.0), alpha)
+    return ops.power((5.0 + length) / 6.0, alpha)
 
 
-# Eager calls run through one tf.function per model and settings, so only the first traces:
-# {model: {(search, settings): tf.function}}, forgotten with the model.
+# Eager calls run through one compiled function per model and settings, so only the first
+# traces: {model: {(search, settings): function}}, forgotten with the model.
 _TRACED = weakref.WeakKeyDictionary()
+
+
+def _is_tensor(value):
+    return keras.backend.backend() == "tensorflow" and ops.is_tensor(value)
+
+
+def _eager(source_ids):
+    """Whether a search was called from outside a traced function (which it then runs in)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.executing_eagerly()
+    if backend == "jax":
+        import jax
+
+        return not isinstance(source_ids, jax.core.Tracer)
+    return False  # PyTorch and NumPy run op by op
 
 
 def _traced(search, model, settings):
     """`search` (greedy_search or beam_search) of `model` with keyword `settings`, as the
-    tf.function kept for them; call it with the source ids. Settings given as tensors (a
-    `beam_size` of tf.constant(2), say) are arguments of the function, not part of its key:
-    a tensor cannot key a dict, and its value may change from call to call."""
-    tensors = {name: value for name, value in settings.items() if tf.is_tensor(value)}
+    compiled function kept for them; call it with the source ids. On TensorFlow, settings
+    given as tensors (a `beam_size` of tf.constant(2), say) are arguments of the function, not
+    part of its key: a tensor cannot key a dict, and its value may change from call to call.
+    On JAX the function takes the model's variables as arguments (`jax.jit` of a stateless
+    call), so training between calls is seen."""
+    tensors = {name: value for name, value in settings.items() if _is_tensor(value)}
     fixed = {name: value for name, value in settings.items() if name not in tensors}
     functions = _TRACED.setdefault(model, {})
     key = (search.__name__, tuple(sorted(fixed.items())),
            tuple(sorted((name, value.dtype.name) for name, value in tensors.items())))
+    model_ref = weakref.ref(model)  # the function must not keep the model alive
+    if keras.backend.backend() == "jax":
+        import jax
+
+        if key not in functions:
+            def stateless(values, ids):
+                model = model_ref()
+                with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+                    return search(model, ids, **fixed)
+
+            functions[key] = jax.jit(stateless)
+        return lambda ids: functions[key]([v.value for v in model.variables], ids)
+    import tensorflow as tf
+
     if key not in functions:
-        model_ref = weakref.ref(model)  # the function must not keep the model alive
         functions[key] = tf.function(
             lambda ids, given: search(model_ref(), ids, **fixed, **given),
             jit_compile=fixed["jit_compile"], reduce_retracing=True)
@@ -76,20 +112,20 @@ def _setup(model, source_ids, max_extra, copies):
     """Encodes the batch once and repeats the memory [B * copies, S, d_model] and its mask
     for `copies` hypotheses per source; returns them with each source's step limit [B], the
     cache length and the batch size B."""
-    source_ids = tf.cast(source_ids, tf.int32)
+    source_ids = ops.cast(source_ids, "int32")
     source_mask = model.padding_mask(source_ids)
-    source_lengths = tf.reduce_sum(tf.cast(source_mask, tf.int32), axis=1)
+    source_lengths = ops.sum(ops.cast(source_mask, "int32"), axis=1)
     if source_ids.shape[1] is not None and isinstance(max_extra, int):
         # A static length keeps every loop shape static (XLA, TPUs).
         max_steps = min(source_ids.shape[1] + max_extra, model.config.max_length)
     else:
-        max_steps = tf.minimum(tf.shape(source_ids)[1] + max_extra, model.config.max_length)
-    limits = tf.minimum(source_lengths + max_extra, max_steps)
-    batch = source_ids.shape[0] if source_ids.shape[0] is not None else tf.shape(source_ids)[0]
+        max_steps = ops.minimum(ops.shape(source_ids)[1] + max_extra, model.config.max_length)
+    limits = ops.minimum(source_lengths + max_extra, max_steps)
+    batch = ops.shape(source_ids)[0]
     memory = model.encode(source_ids, training=False)
     if not isinstance(copies, int) or copies > 1:
-        memory = tf.repeat(memory, copies, axis=0)
-        source_mask = tf.repeat(source_mask, copies, axis=0)
+        memory = ops.repeat(memory, copies, axis=0)
+        source_mask = ops.repeat(source_mask, copies, axis=0)
     return memory, source_mask, limits, max_steps, batch
 
 
@@ -98,7 +134,7 @@ def _decoder_state(model, memory, max_steps, use_cache):
     fixed part, which stays outside the loop (keras_transformer/cache.py). Without a cache:
     a buffer [N, max_steps] of the decoder inputs so far, run whole at every step, and None."""
     if not use_cache:
-        return tf.zeros([tf.shape(memory)[0], max_steps], tf.int32), None
+        return ops.zeros((ops.shape(memory)[0], max_steps), "int32"), None
     caches = model.init_cache(memory, max_steps)
     return decoding_cache.carried(caches), decoding_cache.fixed(caches)
 
@@ -119,26 +155,36 @@ def _next_log_probs(model, tokens, carried, fixed, index, memory, memory_mask, b
             tokens[:, None], decoding_cache.merged(carried, fixed), index, memory_mask,
             return_attention_scores=return_attention))
         carried = decoding_cache.carried(caches)
-    log_probs = tf.nn.log_softmax(logits, axis=-1)
-    vocab = tf.shape(log_probs)[-1]
-    banned = tf.reduce_sum(tf.one_hot([model.config.pad_id, bos_id], vocab), axis=0) > 0
-    log_probs = tf.where(banned, DEAD, log_probs)
+    log_probs = ops.log_softmax(logits, axis=-1)
+    vocab = ops.arange(ops.shape(log_probs)[-1])
+    banned = (vocab == model.config.pad_id) | (vocab == bos_id)
+    log_probs = ops.where(banned, DEAD, log_probs)
     attention = None
     if return_attention:
-        attention = tf.reduce_mean(weights[-1]["cross"][:, :, -1], axis=1)
+        attention = ops.mean(weights[-1]["cross"][:, :, -1], axis=1)
     return log_probs, carried, attention
 
 
 def _write_token(sequences, index, tokens):
     """sequences [..., L] with position `index` set to tokens [...]."""
-    at = tf.equal(tf.range(tf.shape(sequences)[-1]), index)
-    return tf.where(at, tokens[..., None], sequences)
+    at = ops.arange(ops.shape(sequences)[-1]) == index
+    return ops.where(at, tokens[..., None], sequences)
 
 
 def _write_row(rows, index, row):
     """rows [..., L, S] with row `index` set to row [..., S]."""
-    at = tf.equal(tf.range(tf.shape(rows)[-2]), index)
-    return tf.where(at[:, None], row[..., None, :], rows)
+    at = ops.arange(ops.shape(rows)[-2]) == index
+    return ops.where(at[:, None], row[..., None, :], rows)
+
+
+def _take_beams(x, beams):
+    """x [B, K, ...] -> [B, M, ...]: for each source b, its hypotheses beams[b] [M]. (A gather
+    of flat rows: `take_along_axis` would broadcast and, on TensorFlow, transpose x.)"""
+    batch, k = ops.shape(x)[0], ops.shape(x)[1]
+    rest = ops.shape(x)[2:]
+    rows = ops.reshape(beams + ops.arange(batch)[:, None] * k, (-1,))
+    taken = ops.take(ops.reshape(x, (-1, *rest)), rows, axis=0)
+    return ops.reshape(taken, (batch, ops.shape(beams)[1], *rest))
 
 
 class GreedyState(NamedTuple):
@@ -169,7 +215,7 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
         "scores" [B] (the sum of the tokens' log-probabilities) and, if asked, "attention"
         [B, L, S].
     """
-    if tf.executing_eagerly():
+    if _eager(source_ids):
         return _traced(greedy_search, model, dict(
             bos_id=bos_id, eos_id=eos_id, max_extra=max_extra, return_attention=return_attention,
             jit_compile=jit_compile, use_cache=use_cache))(source_ids)
@@ -183,27 +229,27 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
             model, state.tokens, state.carried, fixed, i, memory, memory_mask, bos_id,
             return_attention)
         finished = state.finished
-        tokens = tf.where(finished, model.config.pad_id,
-                          tf.argmax(log_probs, axis=-1, output_type=tf.int32))
+        tokens = ops.where(finished, model.config.pad_id,
+                           ops.cast(ops.argmax(log_probs, axis=-1), "int32"))
         attention = state.attention
         if return_attention:
-            attention = _write_row(attention, i, tf.where(finished[:, None], 0.0, weights))
+            attention = _write_row(attention, i, ops.where(finished[:, None], 0.0, weights))
         return (GreedyState(
             step=i + 1, tokens=tokens, sequences=_write_token(state.sequences, i, tokens),
-            scores=state.scores + tf.where(finished, 0.0, tf.reduce_max(log_probs, axis=-1)),
-            finished=finished | tf.equal(tokens, eos_id) | (i + 1 >= limits),
+            scores=state.scores + ops.where(finished, 0.0, ops.max(log_probs, axis=-1)),
+            finished=finished | (tokens == eos_id) | (i + 1 >= limits),
             attention=attention, carried=carried),)
 
     def cond(state):
-        return (state.step < max_steps) & ~tf.reduce_all(state.finished)
+        return (state.step < max_steps) & ~ops.all(state.finished)
 
-    attention_width = tf.shape(memory)[1] if return_attention else 0
+    attention_width = ops.shape(memory)[1] if return_attention else 0
     state = GreedyState(
-        step=tf.constant(0), tokens=tf.fill([batch], bos_id),
-        sequences=tf.fill([batch, max_steps], model.config.pad_id), scores=tf.zeros([batch]),
-        finished=tf.zeros([batch], tf.bool),
-        attention=tf.zeros([batch, max_steps, attention_width]), carried=carried)
-    (state,) = tf.while_loop(cond, body, (state,))
+        step=ops.convert_to_tensor(0, "int32"), tokens=ops.full((batch,), bos_id, "int32"),
+        sequences=ops.full((batch, max_steps), model.config.pad_id, "int32"),
+        scores=ops.zeros((batch,)), finished=ops.zeros((batch,), "bool"),
+        attention=ops.zeros((batch, max_steps, attention_width)), carried=carried)
+    (state,) = ops.while_loop(cond, body, (state,))
     result = {"sequences": state.sequences, "scores": state.scores}
     if return_attention:
         result["attention"] = state.attention
@@ -239,18 +285,19 @@ class Extensions(NamedTuple):
 
 def _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention):
     """The `Extensions` of `state`'s live hypotheses by next-token `log_probs` [B * K, V]."""
-    vocab = tf.shape(log_probs)[-1]
-    candidates = state.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
-    top_log_probs, top_index = tf.math.top_k(tf.reshape(candidates, [batch, -1]), 2 * k)
+    vocab = ops.shape(log_probs)[-1]
+    candidates = state.alive_log_probs[:, :, None] + ops.reshape(log_probs, (batch, k, vocab))
+    top_log_probs, top_index = ops.top_k(ops.reshape(candidates, (batch, -1)), 2 * k)
+    top_index = ops.cast(top_index, "int32")
     beams, tokens = top_index // vocab, top_index % vocab
-    sequences = _write_token(tf.gather(state.alive_seq, beams, batch_dims=1), state.step, tokens)
+    sequences = _write_token(_take_beams(state.alive_seq, beams), state.step, tokens)
     attention = state.alive_attention
     if return_attention:
-        weights = tf.reshape(weights, [batch, k, -1])
-        attention = _write_row(tf.gather(attention, beams, batch_dims=1), state.step,
-                               tf.gather(weights, beams, batch_dims=1))
+        weights = ops.reshape(weights, (batch, k, -1))
+        attention = _write_row(_take_beams(attention, beams), state.step,
+                               _take_beams(weights, beams))
     return Extensions(top_log_probs, beams, tokens, sequences, attention,
-                      ends=tf.equal(tokens, eos_id) | (state.step + 1 >= limits[:, None]),
+                      ends=(tokens == eos_id) | (state.step + 1 >= limits[:, None]),
                       live=top_log_probs > DEAD / 2)
 
 
@@ -259,27 +306,28 @@ def _file_finished(state, top, k, alpha, penalty, eos_id, return_attention):
     and the extensions in `top` that end, scored log P(Y) / lp(|Y|)."""
     lengths = state.step + 1
     if penalty == "length":
-        lengths = lengths - tf.cast(tf.equal(top.tokens, eos_id), tf.int32)
-    new_scores = tf.where(top.ends & top.live,
+        lengths = lengths - ops.cast(top.tokens == eos_id, "int32")
+    new_scores = ops.where(top.ends & top.live,
                           top.log_probs / length_penalty(lengths, alpha, penalty), DEAD)
-    scores, best = tf.math.top_k(tf.concat([state.finished_scores, new_scores], 1), k)
-    sequences = tf.gather(tf.concat([state.finished_seq, top.sequences], 1), best, batch_dims=1)
+    scores, best = ops.top_k(ops.concatenate([state.finished_scores, new_scores], 1), k)
+    best = ops.cast(best, "int32")
+    sequences = _take_beams(ops.concatenate([state.finished_seq, top.sequences], 1), best)
     attention = state.finished_attention
     if return_attention:
-        attention = tf.gather(tf.concat([attention, top.attention], 1), best, batch_dims=1)
+        attention = _take_beams(ops.concatenate([attention, top.attention], 1), best)
     return sequences, scores, attention
 
 
 def _first_beam_state(batch, k, max_steps, attention_width, bos_id, pad_id, carried):
     """The state before the first step: one live hypothesis (BOS) per source, none finished."""
-    empty_seq = tf.fill([batch, k, max_steps], pad_id)
-    empty_attention = tf.zeros([batch, k, max_steps, attention_width])
-    first_beam_only = tf.tile(tf.concat([[0.0], tf.fill([k - 1], DEAD)], 0)[None], [batch, 1])
+    empty_seq = ops.full((batch, k, max_steps), pad_id, "int32")
+    empty_attention = ops.zeros((batch, k, max_steps, attention_width))
+    first_beam_only = ops.where(ops.arange(k) == 0, 0.0, DEAD)[None] + ops.zeros((batch, 1))
     return BeamState(
-        step=tf.constant(0), tokens=tf.fill([batch * k], bos_id), alive_seq=empty_seq,
-        alive_log_probs=first_beam_only, alive_attention=empty_attention,
-        finished_seq=empty_seq, finished_scores=tf.fill([batch, k], DEAD),
-        finished_attention=empty_attention, done=tf.zeros([batch], tf.bool), carried=carried)
+        step=ops.convert_to_tensor(0, "int32"), tokens=ops.full((batch * k,), bos_id, "int32"),
+        alive_seq=empty_seq, alive_log_probs=first_beam_only, alive_attention=empty_attention,
+        finished_seq=empty_seq, finished_scores=ops.full((batch, k), DEAD, "float32"),
+        finished_attention=empty_attention, done=ops.zeros((batch,), "bool"), carried=carried)
 
 
 def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, max_extra=50,
@@ -296,7 +344,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
     """
     if penalty not in PENALTIES:
         raise ValueError(f"penalty={penalty!r}: choose one of {PENALTIES}.")
-    if tf.executing_eagerly():
+    if _eager(source_ids):
         return _traced(beam_search, model, dict(
             bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
             penalty=penalty, return_attention=return_attention, jit_compile=jit_compile,
@@ -306,7 +354,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
     carried, fixed = _decoder_state(model, memory, max_steps, use_cache)
     limit_penalty = length_penalty(limits, alpha, penalty)  # the most any continuation gets
-    beam_offsets = (tf.range(batch) * k)[:, None]
+    beam_offsets = (ops.arange(batch) * k)[:, None]
 
     def body(state):  # one step: every live hypothesis extended by one token
         log_probs, carried, weights = _next_log_probs(
@@ -315,30 +363,31 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
         top = _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention)
         # The K best extensions that go on, and the K best finished hypotheses; a source is
         # done (its hypotheses frozen) once no live one can beat its K-th finished one.
-        going_on = tf.where(top.ends | ~top.live, DEAD, top.log_probs)
-        alive_log_probs, keep = tf.math.top_k(going_on, k)
-        parents = tf.reshape(beam_offsets + tf.gather(top.beams, keep, batch_dims=1), [batch * k])
+        going_on = ops.where(top.ends | ~top.live, DEAD, top.log_probs)
+        alive_log_probs, keep = ops.top_k(going_on, k)
+        keep = ops.cast(keep, "int32")
+        parents = ops.reshape(beam_offsets + _take_beams(top.beams, keep), (batch * k,))
         finished_seq, finished_scores, finished_attention = _file_finished(
             state, top, k, alpha, penalty, eos_id, return_attention)
         done = (state.done | (finished_scores[:, -1] >= alive_log_probs[:, 0] / limit_penalty)
                 | (alive_log_probs[:, 0] <= DEAD / 2))
         return (BeamState(
             step=state.step + 1,
-            tokens=tf.reshape(tf.gather(top.tokens, keep, batch_dims=1), [batch * k]),
-            alive_seq=tf.gather(top.sequences, keep, batch_dims=1),
-            alive_log_probs=tf.where(done[:, None], DEAD, alive_log_probs),
-            alive_attention=(tf.gather(top.attention, keep, batch_dims=1) if return_attention
+            tokens=ops.reshape(_take_beams(top.tokens, keep), (batch * k,)),
+            alive_seq=_take_beams(top.sequences, keep),
+            alive_log_probs=ops.where(done[:, None], DEAD, alive_log_probs),
+            alive_attention=(_take_beams(top.attention, keep) if return_attention
                              else state.alive_attention),
             finished_seq=finished_seq, finished_scores=finished_scores,
             finished_attention=finished_attention, done=done,
             carried=decoding_cache.reorder(carried, parents)),)
 
     def cond(state):
-        return (state.step < max_steps) & ~tf.reduce_all(state.done)
+        return (state.step < max_steps) & ~ops.all(state.done)
 
-    attention_width = tf.shape(memory)[1] if return_attention else 0
+    attention_width = ops.shape(memory)[1] if return_attention else 0
     state = _first_beam_state(batch, k, max_steps, attention_width, bos_id, model.config.pad_id,
                               carried)
-    (state,) = tf.while_loop(cond, body, (state,))
+    (state,) = ops.while_loop(cond, body, (state,))
     result = {"sequences": state.finished_seq, "scores": state.finished_scores}
     return {**result, "attention": state.finished_attention} if return_attention else result

@@ -3,7 +3,7 @@
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 def sinusoid_table(positions, d_model, max_wavelength=10000.0):
@@ -12,11 +12,11 @@ def sinusoid_table(positions, d_model, max_wavelength=10000.0):
     `positions` is a 1-D tensor; the table [len(positions), d_model] is computed in float32
     (bfloat16 cannot tell position 256 from 257).
     """
-    positions = tf.cast(positions, tf.float32)[:, None]
-    even = tf.range(0, d_model, 2, dtype=tf.float32)
-    angles = positions / tf.pow(tf.constant(max_wavelength, tf.float32), even / d_model)
-    interleaved = tf.stack([tf.sin(angles), tf.cos(angles)], axis=-1)  # sin on 2i, cos on 2i+1
-    return tf.reshape(interleaved, [-1, 2 * even.shape[0]])[:, :d_model]
+    positions = ops.cast(positions, "float32")[:, None]
+    even = ops.arange(0, d_model, 2, dtype="float32")
+    angles = positions / ops.power(max_wavelength, even / d_model)
+    interleaved = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # sin on 2i, cos on 2i+1
+    return ops.reshape(interleaved, (-1, 2 * ((d_model + 1) // 2)))[:, :d_model]
 
 
 class PositionLayer(keras.layers.Layer):
@@ -29,8 +29,8 @@ class PositionLayer(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None):
         if positions is None:
-            positions = (tf.range(tf.shape(inputs)[1]) + tf.cast(start_index, tf.int32))[None]
-        return tf.cast(self.encode(positions, inputs.shape[-1]), self.compute_dtype)
+            positions = (ops.arange(ops.shape(inputs)[1]) + ops.cast(start_index, "int32"))[None]
+        return ops.cast(self.encode(positions, inputs.shape[-1]), self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return (1,) + tuple(input_shape[1:])
@@ -48,8 +48,8 @@ class PositionalEncoding(PositionLayer):
 
     def encode(self, positions, d_model):
         """positions [N, T] int -> the sinusoids [N, T, d_model] (float32)."""
-        table = sinusoid_table(tf.reshape(positions, [-1]), d_model, self.max_wavelength)
-        return tf.reshape(table, tf.concat([tf.shape(positions), [d_model]], 0))
+        table = sinusoid_table(ops.reshape(positions, (-1,)), d_model, self.max_wavelength)
+        return ops.reshape(table, (*ops.shape(positions), d_model))
 
     def get_config(self):
         return {**super().get_config(), "max_wavelength": self.max_wavelength}
@@ -73,7 +73,7 @@ class LearnedPositionEmbedding(PositionLayer):
 
     def encode(self, positions, d_model):
         """positions [N, T] int -> their rows of the table [N, T, d_model]."""
-        return tf.gather(self.position_embeddings, positions)
+        return ops.take(self.position_embeddings, positions, axis=0)
 
     def get_config(self):
         return {**super().get_config(), "max_length": self.max_length}
@@ -108,17 +108,17 @@ class SharedEmbedding(keras.layers.Layer):
             return self.logits(ids)
         # Gather, then cast the rows: casting the whole [V, d] table would cost a pass over it
         # at every call (every decoding step among them).
-        rows = tf.gather(self.embeddings, tf.cast(ids, tf.int32))
-        return tf.cast(rows, self.compute_dtype) * tf.cast(math.sqrt(self.d_model),
-                                                            self.compute_dtype)
+        rows = ops.take(self.embeddings, ops.cast(ids, "int32"), axis=0)
+        return ops.cast(rows, self.compute_dtype) * ops.cast(math.sqrt(self.d_model),
+                                                             self.compute_dtype)
 
     def logits(self, x):
         """x [B, T, d_model] -> logits [B, T, vocab_size] in float32 (x W^T, no bias)."""
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
-        flat = tf.cast(tf.reshape(x, [-1, self.d_model]), tf.float32)
-        logits = tf.matmul(flat, tf.cast(self.embeddings, tf.float32), transpose_b=True)
-        shape = tf.concat([tf.shape(x)[:-1], [self.vocab_size]], 0)
-        return tf.reshape(logits, shape)
+        flat = ops.cast(ops.reshape(x, (-1, self.d_model)), "float32")
+        # (an einsum: a matmul of the transposed table would copy it at every decoding step)
+        logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, "float32"))
+        return ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size))
 
     def compute_output_shape(self, input_shape, reverse=False):
         if reverse:

@@ -17,11 +17,10 @@ import keras
 import keras_hub
 from keras import ops
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from keras_transformer.decoding import beam_search, greedy_search
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.model import Transformer
-from keras_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PACKAGE = "keras_transformer"
 

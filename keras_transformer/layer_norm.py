@@ -1,17 +1,17 @@
 """Layer normalization, applied around every sub-layer (§3.1: LayerNorm(x + Sublayer(x)))."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 def layer_norm(x, gamma, beta, epsilon):
     """gamma * (x - mean) / sqrt(var + epsilon) + beta over the last axis of x [..., d],
     computed in float32 and returned in x's dtype. (A closed-form gradient written by hand
     was removed: `python -m benchmarks.kernels` showed no end-to-end gain.)"""
-    x32 = tf.cast(x, tf.float32)
-    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
-    normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
-    return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32), x.dtype)
+    x32 = ops.cast(x, "float32")
+    mean, variance = ops.moments(x32, axes=[-1], keepdims=True)
+    normed = (x32 - mean) * ops.rsqrt(variance + epsilon)
+    return ops.cast(normed * ops.cast(gamma, "float32") + ops.cast(beta, "float32"), x.dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -33,7 +33,7 @@ class LayerNorm(keras.layers.Layer):
         self.beta = self.add_weight(name="beta", shape=(d,), initializer="zeros")
 
     def call(self, x):
-        return layer_norm(tf.cast(x, self.compute_dtype), self.gamma, self.beta, self.epsilon)
+        return layer_norm(ops.cast(x, self.compute_dtype), self.gamma, self.beta, self.epsilon)
 
     def compute_output_shape(self, input_shape):
         return input_shape

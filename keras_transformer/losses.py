@@ -1,26 +1,43 @@
 """The label-smoothed cross-entropy of §5.4 and a masked token accuracy."""
 
 import keras
-import tensorflow as tf
-
+from keras import ops
 
 
 def smoothed_cross_entropy(labels, logits, label_smoothing):
     """Per-token cross-entropy [...] of `logits` [..., V] against the smoothed target
-    (1 - eps) * one_hot(labels) + eps / V (§5.4), computed in float32. (A hand-written
-    gradient that avoided the [..., V] target was removed: `python -m benchmarks.kernels`
-    showed no end-to-end gain.)"""
-    vocab = tf.shape(logits)[-1]
-    off = label_smoothing / tf.cast(vocab, tf.float32)
-    # One pass writes the smoothed target (a one-hot then scaled and shifted took three
-    # passes over [..., V]).
-    target = tf.one_hot(tf.cast(labels, tf.int32), vocab, on_value=1.0 - label_smoothing + off,
-                        off_value=off)
-    return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
+    t = (1 - eps) * one_hot(labels) + eps / V (§5.4), computed in float32."""
+    if keras.backend.backend() == "tensorflow":
+        # TensorFlow's fused kernel computes the loss and its gradient in one pass over
+        # [..., V] (benchmarks/results/backends.md: the formula is slower there).
+        import tensorflow as tf
+
+        vocab = tf.shape(logits)[-1]
+        off = label_smoothing / tf.cast(vocab, tf.float32)
+        target = tf.one_hot(tf.cast(labels, tf.int32), vocab,
+                            on_value=1.0 - label_smoothing + off, off_value=off)
+        return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
+    return smoothed_cross_entropy_formula(labels, logits, label_smoothing)
+
+
+def smoothed_cross_entropy_formula(labels, logits, label_smoothing):
+    """`smoothed_cross_entropy` on any backend, without building t: since t sums to 1,
+    -sum_j t_j log softmax(logits)_j
+        = logsumexp(logits) - eps / V * sum(logits) - (1 - eps) * logits[label]."""
+    logits = ops.cast(logits, "float32")
+    vocab = ops.shape(logits)[-1]
+    chosen = ops.take_along_axis(logits, ops.cast(labels, "int32")[..., None], axis=-1)[..., 0]
+    return (ops.logsumexp(logits, axis=-1) - label_smoothing / vocab * ops.sum(logits, axis=-1)
+            - (1.0 - label_smoothing) * chosen)
 
 
 def global_sum(value):
-    """Sum of `value` over all replicas when called inside a replica context."""
+    """Sum of `value` over all replicas when called inside a `tf.distribute` replica context
+    (the value itself on other backends, and outside one)."""
+    if keras.backend.backend() != "tensorflow":
+        return value
+    import tensorflow as tf
+
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return value
@@ -48,19 +65,19 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         losses = smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
-        return tf.where(tf.not_equal(tf.cast(y_true, tf.int32), self.pad_id), losses, 0.0)
+        return ops.where(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), losses, 0.0)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        with tf.name_scope(self.name):
+        with keras.name_scope(self.name):
             losses = self.call(y_true, y_pred)
-            weights = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
+            weights = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), "float32")
             if sample_weight is not None:
-                sample_weight = tf.cast(sample_weight, tf.float32)
-                if sample_weight.shape.rank == 1:
+                sample_weight = ops.cast(sample_weight, "float32")
+                if len(sample_weight.shape) == 1:
                     sample_weight = sample_weight[:, None]
                 weights = weights * sample_weight
-            total = tf.reduce_sum(losses * weights)
-            return tf.math.divide_no_nan(total, global_sum(tf.reduce_sum(weights)))
+            total = ops.sum(losses * weights)
+            return ops.divide_no_nan(total, global_sum(ops.sum(weights)))
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing,
@@ -79,17 +96,17 @@ class RealTokenMean(keras.metrics.Metric):
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        y_true = tf.cast(y_true, tf.int32)
-        real = tf.cast(tf.not_equal(y_true, self.pad_id), tf.float32)
-        self.total.assign_add(tf.reduce_sum(self.token_values(y_true, y_pred) * real))
-        self.count.assign_add(tf.reduce_sum(real))
+        y_true = ops.cast(y_true, "int32")
+        real = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        self.total.assign_add(ops.sum(self.token_values(y_true, y_pred) * real))
+        self.count.assign_add(ops.sum(real))
 
     def finish(self, mean):
         """The reported value of the token mean (the mean itself here)."""
         return mean
 
     def result(self):
-        return self.finish(tf.math.divide_no_nan(self.total, self.count))
+        return self.finish(ops.divide_no_nan(self.total, self.count))
 
     def reset_state(self):
         self.total.assign(0.0)
@@ -108,7 +125,7 @@ class MaskedTokenAccuracy(RealTokenMean):
 
     def token_values(self, y_true, y_pred):
         """1.0 where the arg-max of y_pred [B, T, V] is y_true [B, T], else 0.0: [B, T]."""
-        return tf.cast(tf.equal(tf.argmax(y_pred, -1, output_type=tf.int32), y_true), tf.float32)
+        return ops.cast(ops.equal(ops.cast(ops.argmax(y_pred, -1), "int32"), y_true), "float32")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -123,12 +140,12 @@ class Perplexity(RealTokenMean):
     def token_values(self, y_true, y_pred):
         """The negative log-likelihood [B, T] of y_true [B, T] under logits y_pred [B, T, V]:
         log(sum(exp(logits))) - logits[y_true]. (A metric needs no gradient, which
-        `tf.nn.sparse_softmax_cross_entropy_with_logits` computes and writes anyway, as a
+        TensorFlow's sparse softmax cross-entropy computes and writes anyway, as a
         [B, T, V] tensor, at every training step.)"""
-        logits = tf.cast(y_pred, tf.float32)
-        chosen = tf.gather(logits, y_true[..., None], batch_dims=y_true.shape.rank)[..., 0]
-        return tf.reduce_logsumexp(logits, axis=-1) - chosen
+        logits = ops.cast(y_pred, "float32")
+        chosen = ops.take_along_axis(logits, y_true[..., None], axis=-1)[..., 0]
+        return ops.logsumexp(logits, axis=-1) - chosen
 
     def finish(self, mean):
         """exp(mean NLL)."""
-        return tf.exp(mean)
+        return ops.exp(mean)

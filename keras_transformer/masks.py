@@ -10,7 +10,7 @@ key gets weight 0. Three things mask a key:
   keep each pair to itself (`same_segment`, from segment ids 1, 2, ... per pair, 0 for padding).
 """
 
-import tensorflow as tf
+from keras import ops
 
 # Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32, and
 # a fully masked row gives uniform weights, never NaN (as -inf would).
@@ -19,19 +19,19 @@ MASKED_SCORE = -1e9
 
 def padding_mask(ids, pad_id):
     """ids [B, T] -> [B, T] bool, True for real tokens."""
-    return tf.not_equal(tf.cast(ids, tf.int32), pad_id)
+    return ops.not_equal(ops.cast(ids, "int32"), pad_id)
 
 
 def causal_mask(query_length, key_length, start_index=0):
     """[T_q, T_k] bool: query i (at position start_index + i) sees keys 0 .. start_index + i."""
-    queries = tf.range(query_length)[:, None] + tf.cast(start_index, tf.int32)
-    return tf.range(key_length)[None, :] <= queries
+    queries = ops.arange(query_length)[:, None] + ops.cast(start_index, "int32")
+    return ops.arange(key_length)[None, :] <= queries
 
 
 def same_segment(query_segments, key_segments):
     """[B, T_q, T_k] bool: True where query and key belong to the same sentence of a row
     that holds several (segment ids [B, T_q] and [B, T_k])."""
-    return tf.equal(query_segments[:, :, None], key_segments[:, None, :])
+    return ops.equal(query_segments[:, :, None], key_segments[:, None, :])
 
 
 def encoder_self_attention(padding, segment_ids=None):

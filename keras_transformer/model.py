@@ -1,7 +1,7 @@
 """The full encoder-decoder Transformer (§3, Figure 1)."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
@@ -16,7 +16,12 @@ from keras_transformer.outputs import layer_output, split_output
 def _reducible_across_workers(logs):
     """Keras 3 reduces step results across MultiWorkerMirroredStrategy workers with
     `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars (tensorflow#72388);
-    [1]-shaped values reduce to the same scalar mean."""
+    [1]-shaped values reduce to the same scalar mean. (TensorFlow only: other backends' step
+    results pass through.)"""
+    if keras.backend.backend() != "tensorflow":
+        return logs
+    import tensorflow as tf
+
     if isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy):
         return {name: tf.reshape(value, [1]) for name, value in logs.items()}
     return logs
@@ -121,18 +126,21 @@ class Transformer(keras.Model):
             optimizer = TokenWeightedLossScaleOptimizer(optimizer, name="loss_scale_optimizer")
         super().compile(optimizer, *args, auto_scale_loss=auto_scale_loss, **kwargs)
 
-    def train_step(self, data):
+    def train_step(self, *args):
+        # (data) on TensorFlow and PyTorch, (state, data) on JAX, whose step is stateless:
+        # the count below is read by the optimizer inside the same traced step.
+        data = args[-1]
         optimizer = unwrapped(self.optimizer)
         if getattr(optimizer, "gradient_accumulation_steps", None) and hasattr(
                 optimizer, "micro_batch_tokens"):
             # TokenWeightedAdam weights micro-batches by their real tokens (global over replicas).
             labels = data[1]
-            real = tf.reduce_sum(tf.cast(self.padding_mask(labels), tf.float32))
+            real = ops.sum(ops.cast(self.padding_mask(labels), "float32"))
             optimizer.micro_batch_tokens = global_sum(real)
-        return _reducible_across_workers(super().train_step(data))
+        return _reducible_across_workers(super().train_step(*args))
 
-    def test_step(self, data):
-        return _reducible_across_workers(super().test_step(data))
+    def test_step(self, *args):
+        return _reducible_across_workers(super().test_step(*args))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Under a distribution strategy Keras 3 builds the compiled loss and metrics by taking
@@ -140,7 +148,7 @@ class Transformer(keras.Model):
         # training. The model is shape-agnostic: a 1x1 batch of the same structure builds the
         # same things and leaves the data alone.
         if iterator is not None and getattr(self, "_distribute_strategy", None) is not None:
-            ids = tf.fill([1, 1], self.config.pad_id + 3)
+            ids = ops.full((1, 1), self.config.pad_id + 3, dtype="int32")
             iterator, data_batch = None, ({"source_ids": ids, "target_ids": ids}, ids, None)
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 

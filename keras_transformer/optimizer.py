@@ -1,7 +1,7 @@
 """The optimizer of §5.3: Adam with beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -33,18 +33,18 @@ class TokenWeightedAdam(keras.optimizers.Adam):
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         if self._token_weighted():
-            tokens = tf.cast(self.micro_batch_tokens, tf.float32)
+            tokens = ops.cast(self.micro_batch_tokens, "float32")
             self._accumulated_tokens.assign_add(tokens)
             # the gradient of the micro-batch's summed token losses
-            grads = [None if g is None else g * tf.cast(tokens, g.dtype) for g in grads]
+            grads = [None if g is None else g * ops.cast(tokens, g.dtype) for g in grads]
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if self._token_weighted():
             # Keras divided the summed gradients by the number of micro-batches.
-            scale = self.gradient_accumulation_steps / tf.maximum(
+            scale = self.gradient_accumulation_steps / ops.maximum(
                 self._accumulated_tokens.value, 1.0)
-            grads = [g * tf.cast(scale, g.dtype) for g in grads]
+            grads = [g * ops.cast(scale, g.dtype) for g in grads]
             self._accumulated_tokens.assign(0.0)
         return super()._backend_update_step(grads, trainable_variables, learning_rate)
 

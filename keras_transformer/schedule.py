@@ -3,7 +3,7 @@
 import logging
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from keras_transformer.optimizer import unwrapped
 
@@ -27,8 +27,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.scale = scale
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32) + 1.0
-        rate = tf.minimum(step**-0.5, step * float(self.warmup_steps) ** -1.5)
+        step = ops.cast(step, "float32") + 1.0
+        rate = ops.minimum(step**-0.5, step * float(self.warmup_steps) ** -1.5)
         return self.scale * float(self.d_model) ** -0.5 * rate
 
     def get_config(self):
@@ -91,8 +91,8 @@ class ScheduleCallback(HostStepCounter):
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
-        with tf.device("/cpu:0"):  # a host computation: no wait on an accelerator's queue
-            self.rate = float(self.schedule(self.step - 1))
+        with keras.device("cpu:0"):  # a host computation: no wait on an accelerator's queue
+            self.rate = float(keras.ops.convert_to_numpy(self.schedule(self.step - 1)))
         if logs is not None:
             logs["learning_rate"] = self.rate
 

@@ -16,11 +16,9 @@ import time
 
 import tensorflow as tf
 
-from keras_transformer.config import ConfigError
+from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ConfigError  # noqa: F401
 
 logger = logging.getLogger(__name__)
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 class Tokenizer:

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -89,3 +90,21 @@ def test_cached_self_attention_equals_full_pass(rng):
         out, cache = layer(x[:, step:step + 1], attention_mask=keys_seen, cache=cache,
                            cache_index=step)
         np.testing.assert_allclose(out[:, 0], full[:, step], atol=1e-5)
+
+
+def test_cache_write_scatter_equals_slice_update(rng):
+    """The decoding cache's write on TensorFlow (a scatter, which stock TF Serving runs) and on
+    the other backends (`ops.slice_update`) against NumPy assignment, at every position."""
+    from keras_transformer import cache
+
+    buffer = rng.normal(size=(2, 3, 7, 4)).astype(np.float32)
+    for steps in (1, 3):
+        update = rng.normal(size=(2, 3, steps, 4)).astype(np.float32)
+        for index in range(7 - steps + 1):
+            expected = buffer.copy()
+            expected[:, :, index:index + steps] = update
+            scattered = cache.scatter_write(tf.constant(buffer), tf.constant(update),
+                                            tf.constant(index))
+            sliced = keras.ops.slice_update(buffer, (0, 0, index, 0), update)
+            np.testing.assert_array_equal(scattered, expected)
+            np.testing.assert_array_equal(sliced, expected)

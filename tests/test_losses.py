@@ -1,5 +1,6 @@
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import random_ids, small_config
 
@@ -28,9 +29,11 @@ def test_label_smoothing_matches_numpy(rng):
                                ref_mean, rtol=1e-5)
 
 
-def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng):
-    # The hand-written gradient against the closed form of §5.4's target, and against
-    # TensorFlow differentiating the dense cross-entropy itself.
+@pytest.mark.parametrize("cross_entropy", ["smoothed_cross_entropy",  # TensorFlow's kernel
+                                           "smoothed_cross_entropy_formula"])  # other backends'
+def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng, cross_entropy):
+    # Both ways of computing the loss, and their gradients, against the closed form of §5.4's
+    # target, and against TensorFlow differentiating the dense cross-entropy itself.
     labels = random_ids(rng, 3, 5, 13)
     # Scale 100: many probabilities underflow to 0 in float32; the loss must stay finite.
     for scale, eps in [(3, 0.0), (3, 0.1), (3, 0.3), (100, 0.1)]:
@@ -38,7 +41,7 @@ def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng):
         weights = tf.constant(rng.uniform(size=(3, 5)), tf.float32)
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(logits)
-            ours = tf.reduce_sum(kt.losses.smoothed_cross_entropy(labels, logits, eps) * weights)
+            ours = tf.reduce_sum(getattr(kt.losses, cross_entropy)(labels, logits, eps) * weights)
             target = tf.one_hot(labels, 13) * (1 - eps) + eps / 13
             dense = tf.reduce_sum(
                 tf.nn.softmax_cross_entropy_with_logits(target, logits) * weights)

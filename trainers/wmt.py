@@ -60,8 +60,8 @@ def _per_dataset(key):
 
 
 def _light_config():
-    """keras_transformer/config.py, loaded alone: the package's __init__ imports TensorFlow
-    (it registers the layers with Keras), and `--help` should answer at once."""
+    """keras_transformer/config.py, loaded alone: the package's __init__ imports Keras and
+    keras-hub (it registers the layers with them), and `--help` should answer at once."""
     package = importlib.util.find_spec("keras_transformer").submodule_search_locations[0]
     spec = importlib.util.spec_from_file_location("_keras_transformer_config",
                                                   pathlib.Path(package) / "config.py")
