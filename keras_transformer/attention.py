@@ -24,8 +24,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, drop_weights=None
     """
     d_k = query.shape[-1]
     query = query * ops.cast(d_k**-0.5, query.dtype)
-    # (an einsum, not a matmul of the transposed keys: that transpose would copy the whole
-    # decoding cache at every step)
+    # An einsum, so that no backend is asked for an explicit transpose of the keys (the
+    # decoding cache) at every step.
     scores = ops.cast(ops.einsum("...qd,...kd->...qk", query, key), "float32")
     if mask is not None:
         scores = ops.where(mask, scores, MASKED_SCORE)

@@ -116,7 +116,7 @@ class SharedEmbedding(keras.layers.Layer):
         """x [B, T, d_model] -> logits [B, T, vocab_size] in float32 (x W^T, no bias)."""
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
         flat = ops.cast(ops.reshape(x, (-1, self.d_model)), "float32")
-        # (an einsum: a matmul of the transposed table would copy it at every decoding step)
+        # An einsum, so that no backend is asked for an explicit transpose of the [V, d] table.
         logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, "float32"))
         return ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size))
 
