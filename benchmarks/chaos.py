@@ -39,7 +39,7 @@ COMMAND = ["--dataset", "sample", "--num_layers", "1", "--d_model", "32", "--d_f
            "--num_heads", "2", "--vocab_size", "500", "--batch_tokens", "512",
            "--max_train_length", "32", "--warmup_steps", "20", "--precision", "float32",
            "--strategy", "default", "--deterministic", "--train_steps", str(STEPS),
-           "--steps_per_epoch", "20", "--backup_every_steps", "5", "--checkpoint_every_steps",
+           "--validate_every_steps", "20", "--backup_every_steps", "5", "--checkpoint_every_steps",
            "5", "--checkpoint_every_minutes", "0", "--eval_every_steps", "20",
            "--eval_sentences", "8", "--average_last", "3", "--eval_splits", "test",
            "--eval_max_sentences", "12", "--beam_size", "2", "--verbose", "2"]

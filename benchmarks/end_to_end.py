@@ -108,7 +108,7 @@ def run_ours(corpus_args, settings, args, work):
     model_dir = work / f"ours-{random.random():.6f}"
     command = [sys.executable, "-m", "trainers.wmt", *corpus_args, "--preset", "tiny",
                "--precision", args.precision, "--train_minutes", str(args.minutes),
-               "--train_steps", "1000000", "--steps_per_epoch", "100", "--average_last", "1",
+               "--train_steps", "1000000", "--validate_every_steps", "100", "--average_last", "1",
                "--beam_size", "1", "--alpha", "0", "--eval_splits", "test",
                "--eval_max_sentences", str(args.eval_sentences), "--no_export",
                "--no_validation", "--eval_every_steps", "0",  # as the keras-hub loop

@@ -58,7 +58,7 @@ def run(kernels, minutes, work):
                "--warmup_steps", str(settings["warmup_steps"]),
                "--lr_scale", str(settings["lr_scale"]), "--precision", "float32",
                "--train_minutes", str(minutes), "--train_steps", "1000000",
-               "--steps_per_epoch", "100", "--no_eval", "--no_validation",
+               "--validate_every_steps", "100", "--no_eval", "--no_validation",
                "--eval_every_steps", "0", "--model_dir", str(model_dir), "--verbose", "2"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode:

@@ -7,7 +7,7 @@ Trains `--steps` steps of a small model on the sample corpus (2,048-token batche
 the end), then launches the same command with twice the steps and one checkpoint per step and
 times the launch to the log line of the first new checkpoint; a fresh model_dir gives the
 fresh start. `--baseline` measures another checkout the same way (one without
---backup_every_steps backs up every --steps_per_epoch, here the same N steps), side by side.
+--backup_every_steps backs up every --validate_every_steps, here the same N steps), side by side.
 """
 
 import argparse
@@ -50,9 +50,9 @@ def measure(tree, steps, work):
     extra = ["--backup_every_steps", str(steps)] if with_backup else []
     run_dir = work / f"{pathlib.Path(tree).name}-run"
     subprocess.run([sys.executable, "-m", "trainers.wmt", *SMALL, "--train_steps", str(steps),
-                    "--steps_per_epoch", str(steps), *extra, "--model_dir", str(run_dir)],
+                    "--validate_every_steps", str(steps), *extra, "--model_dir", str(run_dir)],
                    cwd=tree, check=True, capture_output=True)
-    more = ["--train_steps", str(2 * steps), "--steps_per_epoch", str(steps),
+    more = ["--train_steps", str(2 * steps), "--validate_every_steps", str(steps),
             "--checkpoint_every_steps", "1", *extra]
     fresh = seconds_until(tree, [*more, "--model_dir", str(work / "fresh")], "ckpt-00000001")
     shutil.rmtree(work / "fresh")

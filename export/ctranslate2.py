@@ -63,15 +63,15 @@ class _Weights:
     def norm(self, spec, name):
         spec.gamma, spec.beta = self[f"{name}/gamma"], self[f"{name}/beta"]
 
-    def self_attention_and_feed_forward(self, layer, at, attention_residual):
+    def self_attention_and_feed_forward(self, layer, at):
         """The sub-layers an encoder and a decoder layer share, from layer `at`."""
         self.fused(layer.self_attention.linear[0],
                    [f"{at}/self_attention/{n}" for n in ("query", "key", "value")])
         self.linear(layer.self_attention.linear[1], f"{at}/self_attention/attention_output")
-        self.norm(layer.self_attention.layer_norm, f"{at}/{attention_residual}/norm")
+        self.norm(layer.self_attention.layer_norm, f"{at}/self_attention_norm")
         self.linear(layer.ffn.linear_0, f"{at}/feed_forward/inner")
         self.linear(layer.ffn.linear_1, f"{at}/feed_forward/outer")
-        self.norm(layer.ffn.layer_norm, f"{at}/feed_forward_residual/norm")
+        self.norm(layer.ffn.layer_norm, f"{at}/feed_forward_norm")
 
 
 def _position_encodings(weights, config, stack):
@@ -101,16 +101,15 @@ def _stacks(weights, config):
         weights.norm(encoder.layer_norm, "encoder/final_norm")
         weights.norm(decoder.layer_norm, "decoder/final_norm")
     for index, layer in enumerate(encoder.layer):
-        weights.self_attention_and_feed_forward(layer, f"encoder/layer_{index}",
-                                                "attention_residual")
+        weights.self_attention_and_feed_forward(layer, f"encoder/layer_{index}")
     for index, layer in enumerate(decoder.layer):
         at = f"decoder/layer_{index}"
-        weights.self_attention_and_feed_forward(layer, at, "self_attention_residual")
+        weights.self_attention_and_feed_forward(layer, at)
         weights.linear(layer.attention.linear[0], f"{at}/cross_attention/query")
         weights.fused(layer.attention.linear[1],
                       [f"{at}/cross_attention/{n}" for n in ("key", "value")])
         weights.linear(layer.attention.linear[2], f"{at}/cross_attention/attention_output")
-        weights.norm(layer.attention.layer_norm, f"{at}/cross_attention_residual/norm")
+        weights.norm(layer.attention.layer_norm, f"{at}/cross_attention_norm")
     return encoder, decoder
 
 

@@ -29,7 +29,8 @@ def run_to_preset(model_dir, preset_dir, weights=None, encoder_sequence_length=2
     config, _ = run_dir.read_run_config(model_dir)
     tokenizer = run_dir.load_tokenizer(model_dir)
     backbone = hub.TransformerBackbone(config)
-    run_dir.load_weights(backbone.transformer, weights or run_dir.best_weights(model_dir))
+    run_dir.load_weights(backbone.transformer,
+                         weights or run_dir.averaged_or_newest_weights(model_dir))
     max_extra = hub.BeamSearch().max_extra
     source_length = min(encoder_sequence_length, config.max_length - max_extra)
     preprocessor = hub.TransformerSeq2SeqLMPreprocessor(

@@ -20,6 +20,10 @@ PRESETS = {
 }
 
 
+# How `make_dataset` forms batches (keras_transformer/data/pipeline.py).
+BATCHING = ("packed", "mixed", "concat")
+
+
 class ConfigError(ValueError):
     """A setting that cannot work; the message names it and says what to change."""
 

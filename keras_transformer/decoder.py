@@ -13,9 +13,10 @@ from keras_transformer.stack import LayerStack, StackedLayer
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class DecoderLayer(StackedLayer):
     """One decoder layer (§3.1): masked multi-head self-attention, encoder-decoder attention
-    (queries from the decoder, keys and values from the encoder memory), then the feed-forward
-    network, each in a `Residual` connection: LayerNorm(x + Dropout(Sublayer(x))) (pre-LN
-    with `norm_first`).
+    (queries from the decoder, keys and values from the encoder memory), then the
+    position-wise feed-forward network. Each sub-layer's output is dropped out (§5.4), added to
+    its input and normalized: LayerNorm(x + Dropout(Sublayer(x))). With `norm_first` (pre-LN,
+    a later variant) the norm comes first instead: x + Dropout(Sublayer(LayerNorm(x))).
 
     Call:
         x [B, T, d_model]; memory [B, S, d_model]; self_attention_mask bool broadcastable to
@@ -30,19 +31,24 @@ class DecoderLayer(StackedLayer):
 
     def __init__(self, num_heads, d_ff, **kwargs):
         super().__init__(num_heads, d_ff, **kwargs)
+        # The sub-layers, then their dropouts and norms: the weights' order (and that of
+        # Adam's moments in a backup) of files written before keras-transformer 0.2.
         self.self_attention = self.make_attention("self_attention")
         self.cross_attention = self.make_attention("cross_attention")
         self.feed_forward = self.make_feed_forward()
-        self.self_attention_residual = self.make_residual("self_attention_residual")
-        self.cross_attention_residual = self.make_residual("cross_attention_residual")
-        self.feed_forward_residual = self.make_residual("feed_forward_residual")
+        self.self_attention_dropout = self.make_dropout("self_attention_dropout")
+        self.self_attention_norm = self.make_norm("self_attention_norm")
+        self.cross_attention_dropout = self.make_dropout("cross_attention_dropout")
+        self.cross_attention_norm = self.make_norm("cross_attention_norm")
+        self.feed_forward_dropout = self.make_dropout("feed_forward_dropout")
+        self.feed_forward_norm = self.make_norm("feed_forward_norm")
 
-    def build(self, input_shape, memory_shape=None):
-        self.self_attention.build(input_shape)
-        self.cross_attention.build(input_shape, memory_shape or input_shape)
-        for sublayer in (self.feed_forward, self.self_attention_residual,
-                         self.cross_attention_residual, self.feed_forward_residual):
-            sublayer.build(input_shape)
+    def build(self, x_shape, memory_shape=None):
+        self.self_attention.build(x_shape)
+        self.cross_attention.build(x_shape, memory_shape or x_shape)
+        for sublayer in (self.self_attention_norm, self.cross_attention_norm,
+                         self.feed_forward, self.feed_forward_norm):
+            sublayer.build(x_shape)
 
     def memory_cache(self, memory):
         """Encoder-decoder keys and values of `memory` [B, S, d_model], each
@@ -52,19 +58,29 @@ class DecoderLayer(StackedLayer):
     def call(self, x, memory=None, self_attention_mask=None, memory_mask=None, cache=None,
              cache_index=None, return_attention_scores=False, training=None):
         with_weights = return_attention_scores
-        x, self_cache, self_weights = split_output(self.self_attention_residual(
-            x, sublayer=lambda y: self.self_attention(
-                y, attention_mask=self_attention_mask, training=training,
-                cache=None if cache is None else (cache["key"], cache["value"]),
-                cache_index=cache_index, return_attention_scores=with_weights),
-            training=training))
-        x, _, cross_weights = split_output(self.cross_attention_residual(
-            x, sublayer=lambda y: self.cross_attention(
-                y, memory, attention_mask=memory_mask, training=training,
-                cache=None if cache is None else (cache["memory_key"], cache["memory_value"]),
-                return_attention_scores=with_weights),
-            training=training))
-        x = self.feed_forward_residual(x, sublayer=self.feed_forward, training=training)
+
+        # Masked self-attention: a position attends to itself and the positions before it
+        # (§3.2.3); with a cache, its keys and values are written at `cache_index`.
+        y = self.norm_before(x, self.self_attention_norm)
+        y, self_cache, self_weights = split_output(self.self_attention(
+            y, attention_mask=self_attention_mask,
+            cache=None if cache is None else (cache["key"], cache["value"]),
+            cache_index=cache_index, return_attention_scores=with_weights, training=training))
+        x = self.add_and_norm(x, y, self.self_attention_dropout, self.self_attention_norm,
+                              training)
+
+        # Encoder-decoder attention: queries from the decoder, keys and values from the
+        # memory (with a cache, computed once per source batch).
+        y = self.norm_before(x, self.cross_attention_norm)
+        y, _, cross_weights = split_output(self.cross_attention(
+            y, memory, attention_mask=memory_mask,
+            cache=None if cache is None else (cache["memory_key"], cache["memory_value"]),
+            return_attention_scores=with_weights, training=training))
+        x = self.add_and_norm(x, y, self.cross_attention_dropout, self.cross_attention_norm,
+                              training)
+
+        x = self.feed_forward_sublayer(x, training)  # §3.3
+
         new_cache = None
         if cache is not None:
             new_cache = decoding_cache.layer_cache(*self_cache, cache["memory_key"],

@@ -9,8 +9,10 @@ from keras_transformer.stack import LayerStack, StackedLayer
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class EncoderLayer(StackedLayer):
-    """One encoder layer (§3.1): multi-head self-attention, then the feed-forward network, each
-    in a `Residual` connection: LayerNorm(x + Dropout(Sublayer(x))) (pre-LN with `norm_first`).
+    """One encoder layer (§3.1): multi-head self-attention, then the position-wise
+    feed-forward network. Each sub-layer's output is dropped out (§5.4), added to its input
+    and normalized: LayerNorm(x + Dropout(Sublayer(x))). With `norm_first` (pre-LN, a later
+    variant) the norm comes first instead: x + Dropout(Sublayer(LayerNorm(x))).
 
     Call: x [B, S, d_model], padding_mask [B, S] bool (True for real tokens), or
     attention_mask [B, S, S] bool (True where token i may attend to token j).
@@ -20,14 +22,18 @@ class EncoderLayer(StackedLayer):
 
     def __init__(self, num_heads, d_ff, **kwargs):
         super().__init__(num_heads, d_ff, **kwargs)
+        # The sub-layers, then their dropouts and norms: the weights' order (and that of
+        # Adam's moments in a backup) of files written before keras-transformer 0.2.
         self.self_attention = self.make_attention("self_attention")
         self.feed_forward = self.make_feed_forward()
-        self.attention_residual = self.make_residual("attention_residual")
-        self.feed_forward_residual = self.make_residual("feed_forward_residual")
+        self.self_attention_dropout = self.make_dropout("self_attention_dropout")
+        self.self_attention_norm = self.make_norm("self_attention_norm")
+        self.feed_forward_dropout = self.make_dropout("feed_forward_dropout")
+        self.feed_forward_norm = self.make_norm("feed_forward_norm")
 
     def build(self, input_shape):
-        for sublayer in (self.self_attention, self.feed_forward, self.attention_residual,
-                         self.feed_forward_residual):
+        for sublayer in (self.self_attention, self.self_attention_norm, self.feed_forward,
+                         self.feed_forward_norm):
             sublayer.build(input_shape)
 
     def call(self, x, padding_mask=None, return_attention_scores=False, training=None,
@@ -35,11 +41,15 @@ class EncoderLayer(StackedLayer):
         mask = attention_mask
         if mask is None and padding_mask is not None:
             mask = masks.encoder_self_attention(padding_mask)
-        x, _, weights = split_output(self.attention_residual(
-            x, sublayer=lambda y: self.self_attention(y, attention_mask=mask, training=training,
-                                             return_attention_scores=return_attention_scores),
+
+        # Self-attention: every position attends to every (real) position (§3.2.3).
+        y = self.norm_before(x, self.self_attention_norm)
+        y, _, weights = split_output(self.self_attention(
+            y, attention_mask=mask, return_attention_scores=return_attention_scores,
             training=training))
-        x = self.feed_forward_residual(x, sublayer=self.feed_forward, training=training)
+        x = self.add_and_norm(x, y, self.self_attention_dropout, self.self_attention_norm,
+                              training)
+        x = self.feed_forward_sublayer(x, training)  # §3.3
         return layer_output(x, weights=weights)
 
 

@@ -9,7 +9,7 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
     t = (1 - eps) * one_hot(labels) + eps / V (§5.4), computed in float32."""
     if keras.backend.backend() == "tensorflow":
         # TensorFlow's fused kernel computes the loss and its gradient in one pass over
-        # [..., V] (benchmarks/results/backends.md: the formula is slower there).
+        # [..., V]; the formula's reductions take several.
         import tensorflow as tf
 
         vocab = tf.shape(logits)[-1]

@@ -88,11 +88,6 @@ def unwrapped(optimizer):
     return optimizer
 
 
-# Its name while it updated each variable with TensorFlow's fused Adam kernel; that kernel was
-# removed (`python -m benchmarks.kernels`: no end-to-end gain), the name kept for old code.
-FusedAdam = TokenWeightedAdam
-
-
 def make_optimizer(learning_rate, gradient_accumulation_steps=None, **kwargs):
     """Adam with the paper's settings: beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 (§5.3), as
     `TokenWeightedAdam`; keyword arguments override them or add other Keras optimizer settings.

@@ -18,6 +18,7 @@
 import json
 import os
 import pathlib
+import tempfile
 
 import keras
 
@@ -100,7 +101,7 @@ def build_model(config):
     return model
 
 
-def best_weights(model_dir):
+def averaged_or_newest_weights(model_dir):
     """The averaged weights if present, else the newest checkpoint."""
     model_dir = pathlib.Path(model_dir)
     averaged = model_dir / "averaged.weights.h5"
@@ -125,21 +126,70 @@ def save_model_weights(model, path):
 
 
 def load_weights(model, path):
-    """Loads the weights file `path` into `model`, refusing (ConfigError) one whose layers do
-    not match, e.g. written before the sub-layers became `Residual` layers."""
+    """Loads the weights file `path` into `model`; a file written before keras-transformer 0.2
+    (each sub-layer's norm and dropout in a `Residual` layer) is read through a copy laid out
+    as today (its dropout seeds are stored in another order, so a run resumed from an old
+    backup draws other dropout masks than the old version would have). Refuses (ConfigError) a
+    file whose layers do not match."""
     try:
-        model.load_weights(path)
+        with tempfile.TemporaryDirectory() as folder:
+            current = pathlib.Path(folder) / pathlib.Path(path).name
+            model.load_weights(current if _copy_as_current_layout(path, current) else path)
     except (ValueError, KeyError) as error:
         raise ConfigError(
-            f"{path} does not fit this model's layers ({str(error)[:300]}). Files written by "
-            "keras-transformer before the readability pass (commit 4434798) keep each norm "
-            "in its encoder/decoder layer instead of a Residual layer: read them with that "
-            "version, or train anew.") from error
+            f"{path} does not fit this model's layers ({str(error)[:300]}): it was written for "
+            "another model shape, or by an early keras-transformer whose layers were laid out "
+            "differently; read it with that version, or train anew.") from error
+
+
+def _copy_as_current_layout(path, copy):
+    """Writes `path` to `copy` with the pre-0.2 groups "<sub-layer>_residual/norm" and
+    ".../drop_output" renamed "<sub-layer>_norm" and "<sub-layer>_dropout" (the encoder's
+    "attention_residual" being its self-attention's). False, writing nothing, for a file
+    already laid out as today (or not a weights file)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as old:
+            names = []
+            old.visit(names.append)
+            if not any(part.endswith("_residual") for name in names for part in name.split("/")):
+                return False
+            with h5py.File(copy, "w") as new:
+                new.attrs.update(old.attrs)
+                for name in names:
+                    target = _current_name(name)
+                    if target is None:
+                        continue
+                    item = old[name]
+                    if isinstance(item, h5py.Dataset):
+                        new.create_dataset(target, data=item[()])
+                    else:
+                        new.require_group(target)
+                    new[target].attrs.update(item.attrs)
+    except OSError:
+        return False
+    return True
+
+
+def _current_name(name):
+    """A pre-0.2 weights-file group's name today (None: the `Residual` layer's own, empty)."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        if part.endswith("_residual"):
+            sublayer = "self_attention" if part == "attention_residual" else part[:-9]
+            inner = parts[i + 1] if i + 1 < len(parts) else "vars"
+            if inner not in ("norm", "drop_output"):
+                return None
+            suffix = "_norm" if inner == "norm" else "_dropout"
+            return "/".join(parts[:i] + [sublayer + suffix] + parts[i + 2:])
+    return name
 
 
 def load_trained(model_dir, weights=None):
-    """(model, tokenizer, run settings) from a model_dir, with the best weights loaded."""
+    """(model, tokenizer, run settings) from a model_dir, with the averaged (else the newest)
+    weights loaded."""
     config, settings = read_run_config(model_dir)
     model = build_model(config)
-    load_weights(model, weights or best_weights(model_dir))
+    load_weights(model, weights or averaged_or_newest_weights(model_dir))
     return model, load_tokenizer(model_dir), settings

@@ -1,5 +1,6 @@
 """What the encoder and decoder share (§3.1): layers of attention and feed-forward sub-layers,
-each in a residual connection, stacked N times over the embeddings plus positional encodings."""
+each followed by dropout, a residual connection and layer normalization, stacked N times over
+the embeddings plus positional encodings."""
 
 import keras
 
@@ -7,14 +8,20 @@ from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import make_position_layer
 from keras_transformer.feed_forward import FeedForward
-from keras_transformer.layer_norm import LayerNorm
-from keras_transformer.residual import Residual
+
+
+def make_layer_norm(epsilon, name, dtype):
+    """Keras' `LayerNormalization` over the last axis, which computes in float32 under mixed
+    precision and returns the compute dtype (the gain `gamma` and bias `beta` [d])."""
+    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
 
 
 class StackedLayer(keras.layers.Layer):
     """The settings and sub-layers an `EncoderLayer` and a `DecoderLayer` share: rates are
     floats (`dropout` on sub-layer outputs, `attention_dropout` on attention weights), the
-    sub-layers come from `make_attention(name)`, `make_feed_forward()` and `make_residual(name)`."""
+    sub-layers come from `make_attention(name)`, `make_feed_forward()`, `make_norm(name)` and
+    `make_dropout(name)`; each subclass creates `feed_forward`, `feed_forward_dropout` and
+    `feed_forward_norm`, which `feed_forward_sublayer` runs."""
 
     def __init__(self, num_heads, d_ff, key_dim=None, num_kv_heads=None, dropout=0.1,
                  attention_dropout=0.0, norm_first=False, layer_norm_epsilon=1e-6, **kwargs):
@@ -33,10 +40,31 @@ class StackedLayer(keras.layers.Layer):
         """The layer's `FeedForward` (§3.3)."""
         return FeedForward(self.d_ff, name="feed_forward", dtype=self.dtype_policy)
 
-    def make_residual(self, name):
-        """A `Residual` connection of the layer's settings, named `name`."""
-        return Residual(self.dropout, self.norm_first, self.layer_norm_epsilon, name=name,
-                        dtype=self.dtype_policy)
+    def make_norm(self, name):
+        """The layer normalization (Ba et al., 2016) of one sub-layer's residual connection
+        (§3.1), with the layer's epsilon; statistics in float32 under mixed precision."""
+        return make_layer_norm(self.layer_norm_epsilon, name, self.dtype_policy)
+
+    def make_dropout(self, name):
+        """The residual dropout of one sub-layer's output (§5.4, P_drop = `dropout`)."""
+        return Dropout(self.dropout, name=name, dtype=self.dtype_policy)
+
+    def norm_before(self, x, norm):
+        """A sub-layer's input: x, or LayerNorm(x) with `norm_first` (pre-LN)."""
+        return norm(x) if self.norm_first else x
+
+    def add_and_norm(self, x, sublayer_output, dropout, norm, training=None):
+        """"Add & Norm" (Figure 1): the sub-layer's output dropped out (§5.4) and added to its
+        input x, then normalized (§3.1): LayerNorm(x + Dropout(Sublayer(x))); with
+        `norm_first` the norm came before the sub-layer instead (`norm_before`)."""
+        x = x + dropout(sublayer_output, training=training)
+        return x if self.norm_first else norm(x)
+
+    def feed_forward_sublayer(self, x, training=None):
+        """The position-wise feed-forward network (§3.3), with its Add & Norm."""
+        y = self.feed_forward(self.norm_before(x, self.feed_forward_norm))
+        return self.add_and_norm(x, y, self.feed_forward_dropout, self.feed_forward_norm,
+                                 training)
 
     def compute_output_shape(self, input_shape, *args):
         return input_shape
@@ -67,8 +95,8 @@ class LayerStack(keras.layers.Layer):
         self.drop_embeddings = Dropout(dropout, dtype=self.dtype_policy)
         self.layers = [self.layer_class(**self.layer_args, name=f"layer_{i}",
                                         dtype=self.dtype_policy) for i in range(num_layers)]
-        self.final_norm = (LayerNorm(layer_norm_epsilon, name="final_norm",
-                                     dtype=self.dtype_policy) if norm_first else None)
+        self.final_norm = (make_layer_norm(layer_norm_epsilon, "final_norm", self.dtype_policy)
+                           if norm_first else None)
 
     def build(self, input_shape, memory_shape=None):
         self.positions.build(input_shape)

@@ -33,7 +33,7 @@ def trained_dir(tmp_path_factory):
     result = run("-m", "trainers.wmt", "--dataset", "sample", "--strategy", "mirrored",
                  "--logical_cpus", "2", "--num_layers", "1", "--d_model", "32", "--d_ff", "64",
                  "--num_heads", "2", "--vocab_size", "500", "--batch_tokens", "512",
-                 "--train_steps", "20", "--steps_per_epoch", "10", "--warmup_steps", "10",
+                 "--train_steps", "20", "--validate_every_steps", "10", "--warmup_steps", "10",
                  "--no_eval", "--precision", "float32", "--model_dir", str(model_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 replica(s)" in result.stdout

@@ -1,5 +1,5 @@
-"""LayerNorm, Dropout and the residual connection against independent computations; the
-fused Adam against Keras'."""
+"""The layer norm, Dropout, and the encoder and decoder layers' residual connections against
+independent computations; the token-weighted Adam against Keras'."""
 
 import keras
 import numpy as np
@@ -10,29 +10,31 @@ import keras_transformer as kt
 
 
 @pytest.mark.parametrize("policy, atol", [("float32", 1e-5), ("mixed_bfloat16", 0.05)])
-def test_layer_norm_matches_numpy_and_its_gradient_keras(rng, policy, atol):
+def test_layer_norm_and_its_gradient_match_numpy(rng, policy, atol):
+    """The norm of every residual connection (§3.1), in float32 and under mixed_bfloat16,
+    against NumPy: the output and the closed-form gradients of x, gamma and beta."""
     x = tf.constant(rng.normal(size=(3, 5, 8)) * 2 + 1, tf.float32)
-    upstream = tf.constant(rng.normal(size=(3, 5, 8)), tf.float32)
+    upstream = rng.normal(size=(3, 5, 8))
     gamma, beta = rng.normal(size=8), rng.normal(size=8)
-    ours = kt.LayerNorm(1e-6, dtype=policy)
-    reference = keras.layers.LayerNormalization(epsilon=1e-6, dtype=policy)
-    results = []
-    for layer in (ours, reference):
-        layer.build(x.shape)
-        layer.gamma.assign(gamma)
-        layer.beta.assign(beta)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-            loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
-        grads = tape.gradient(loss, [x, layer.gamma.value, layer.beta.value])
-        results.append([tf.cast(t, tf.float32).numpy() for t in [y] + grads])
+    norm = kt.EncoderLayer(2, 16, dtype=policy).make_norm("norm")
+    norm.build(x.shape)
+    norm.gamma.assign(gamma)
+    norm.beta.assign(beta)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = norm(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.constant(upstream, tf.float32))
+    grads = tape.gradient(loss, [x, norm.gamma.value, norm.beta.value])
+    assert y.dtype == norm.compute_dtype and norm.gamma.dtype == "float32"
     x_np = x.numpy()
-    normed = (x_np - x_np.mean(-1, keepdims=True)) / np.sqrt(x_np.var(-1, keepdims=True) + 1e-6)
-    np.testing.assert_allclose(results[0][0], normed * gamma + beta, atol=atol * 4)
-    assert results[0][0].dtype == np.float32 and ours(x).dtype == ours.compute_dtype
-    for got, expected in zip(results[0], results[1]):
-        np.testing.assert_allclose(got, expected, atol=atol)
+    sigma = np.sqrt(x_np.var(-1, keepdims=True) + 1e-6)
+    normed = (x_np - x_np.mean(-1, keepdims=True)) / sigma
+    g = upstream * gamma
+    dx = (g - g.mean(-1, keepdims=True) - normed * (g * normed).mean(-1, keepdims=True)) / sigma
+    expected = [normed * gamma + beta, dx, (upstream * normed).sum((0, 1)), upstream.sum((0, 1))]
+    for got, want in zip([y] + grads, expected):
+        np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want,
+                                   atol=atol * max(1.0, np.abs(want).max()))
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
@@ -69,7 +71,7 @@ def test_dropout_masks_follow_the_seed_state():
 
 
 @pytest.mark.parametrize("accumulate", [None, 2])
-def test_fused_adam_matches_keras_adam(rng, accumulate):
+def test_token_weighted_adam_matches_keras_adam(rng, accumulate):
     start = rng.normal(size=(5, 3)).astype(np.float32)
     grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(6)]
     finals = []
@@ -80,7 +82,7 @@ def test_fused_adam_matches_keras_adam(rng, accumulate):
         for grad in grads:
             optimizer.apply_gradients([(tf.constant(grad), variable)])
         finals.append(variable.numpy())
-    assert isinstance(kt.make_optimizer(0.01), kt.FusedAdam)
+    assert isinstance(kt.make_optimizer(0.01), kt.TokenWeightedAdam)
     assert not np.allclose(finals[0], start)
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)
 
@@ -115,27 +117,65 @@ def test_loss_scaling_drops_an_overflowing_update_but_counts_its_step(inner):
         assert float(optimizer._accumulated_tokens) == 0.0  # the dropped update's tokens too
 
 
+def numpy_layer_norm(x, norm):
+    normed = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6)
+    return normed * norm.gamma.numpy() + norm.beta.numpy()
+
+
+def numpy_feed_forward(layer, x):
+    (w1, b1), (w2, b2) = [[w.numpy() for w in dense.weights] for dense in (layer.inner,
+                                                                          layer.outer)]
+    return np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+
+def numpy_sublayer(x, sublayer, norm, norm_first):
+    """§3.1: LayerNorm(x + Sublayer(x)); pre-LN: x + Sublayer(LayerNorm(x))."""
+    if norm_first:
+        return x + sublayer(numpy_layer_norm(x, norm))
+    return numpy_layer_norm(x + sublayer(x), norm)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_residual_is_post_ln_or_pre_ln_and_passes_extras_through(rng, norm_first):
-    """§3.1: LayerNorm(x + Sublayer(x)); pre-LN: x + Sublayer(LayerNorm(x)) (dropout off at
-    inference); a sub-layer's cache comes back with the new output."""
-    x = rng.normal(size=(2, 3, 8)).astype(np.float32)
-    w = rng.normal(size=(8, 8)).astype(np.float32)
-    gamma, beta = rng.normal(size=8), rng.normal(size=8)
-    residual = kt.Residual(dropout=0.3, norm_first=norm_first)
-    residual.build(x.shape)
-    residual.norm.gamma.assign(gamma)
-    residual.norm.beta.assign(beta)
+def test_encoder_and_decoder_layers_match_numpy(rng, norm_first):
+    """Each sub-layer in its residual connection and norm, post-LN (the paper) or pre-LN,
+    against NumPy on the layers' own weights (dropout off at inference); the decoder layer's
+    self-attention is causal and its encoder-decoder attention sees the memory's real
+    positions only."""
+    from test_attention import numpy_multi_head
 
-    def layer_norm(v):
-        normed = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-6)
-        return normed * gamma + beta
+    x, memory = rng.normal(size=(2, 5, 16)), rng.normal(size=(2, 6, 16))
+    memory_mask = np.ones((2, 6), bool)
+    memory_mask[1, 4:] = False
+    settings = dict(num_heads=4, d_ff=32, dropout=0.3, norm_first=norm_first)
+    for layer in (kt.EncoderLayer(**settings), kt.DecoderLayer(**settings)):
+        is_decoder = isinstance(layer, kt.DecoderLayer)
 
-    expected = x + layer_norm(x) @ w if norm_first else layer_norm(x + x @ w)
-    out = residual(tf.constant(x), sublayer=lambda y: tf.matmul(y, w), training=False)
-    np.testing.assert_allclose(out, expected, atol=1e-4)
-    cache = {"key": tf.ones([1])}
-    with_cache = residual(tf.constant(x), sublayer=lambda y: kt.WithCache(tf.matmul(y, w), cache),
-                          training=False)
-    assert isinstance(with_cache, kt.WithCache) and with_cache.cache is cache
-    np.testing.assert_allclose(with_cache.outputs, expected, atol=1e-4)
+        def call():
+            inputs = tf.constant(x, tf.float32)
+            if not is_decoder:
+                return layer(inputs, training=False)
+            return layer(inputs, tf.constant(memory, tf.float32), kt.causal_mask(5, 5)[None],
+                         tf.constant(memory_mask[:, None]), training=False)
+
+        call()  # builds the weights
+        for weight in layer.weights:
+            if weight.name in ("gamma", "beta"):  # not a fresh norm's identity
+                weight.assign(rng.normal(size=weight.shape))
+        out = call()
+
+        def self_attention(y):
+            mask = np.tril(np.ones((5, 5), bool)) if is_decoder else np.ones((5, 5), bool)
+            return numpy_multi_head(layer.self_attention, y, y, np.broadcast_to(mask, (2, 5, 5)),
+                                    4, 4, 4)[0]
+
+        def cross_attention(y):
+            return numpy_multi_head(layer.cross_attention, y, memory,
+                                    np.broadcast_to(memory_mask[:, None], (2, 5, 6)), 4, 4, 4)[0]
+
+        expected = numpy_sublayer(x, self_attention, layer.self_attention_norm, norm_first)
+        if is_decoder:
+            expected = numpy_sublayer(expected, cross_attention, layer.cross_attention_norm,
+                                      norm_first)
+        expected = numpy_sublayer(expected, lambda y: numpy_feed_forward(layer.feed_forward, y),
+                                  layer.feed_forward_norm, norm_first)
+        np.testing.assert_allclose(out, expected, atol=1e-4, err_msg=type(layer).__name__)

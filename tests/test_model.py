@@ -98,6 +98,43 @@ def test_keras_file_round_trip(rng, tmp_path):
     np.testing.assert_allclose(loaded(inputs), expected, atol=1e-6)
 
 
+def test_weights_files_of_the_layout_before_0_2_still_load(rng, tmp_path):
+    """Before 0.2 each sub-layer's norm and dropout lived in a `Residual` layer; such files
+    (here rebuilt from today's by moving the groups to the old names) load with the same
+    weights, and a file of another shape is refused by name."""
+    import h5py
+
+    from keras_transformer import ConfigError, run_dir
+
+    model = make_model(norm_first=True)
+    inputs = batch(rng)
+    expected = model(inputs)
+    current = tmp_path / "current.weights.h5"
+    model.save_weights(current)
+    old_names = {"encoder": {"self_attention": "attention_residual",
+                             "feed_forward": "feed_forward_residual"},
+                 "decoder": {"self_attention": "self_attention_residual",
+                             "cross_attention": "cross_attention_residual",
+                             "feed_forward": "feed_forward_residual"}}
+    old = tmp_path / "old.weights.h5"
+    with h5py.File(current) as source, h5py.File(old, "w") as target:
+        target.attrs.update(source.attrs)
+        for key in source:
+            source.copy(source[key], target, key)
+        for stack, renames in old_names.items():
+            for layer in target[f"{stack}/layers"].values():
+                for sublayer, old_name in renames.items():
+                    layer.move(f"{sublayer}_norm", f"{old_name}/norm")
+                    layer.move(f"{sublayer}_dropout", f"{old_name}/drop_output")
+    with h5py.File(old) as f:
+        assert "attention_residual/norm" in f["encoder/layers/encoder_layer"]
+    fresh = make_model(norm_first=True)
+    run_dir.load_weights(fresh, old)
+    np.testing.assert_allclose(fresh(inputs), expected, atol=1e-6)
+    with pytest.raises(ConfigError, match="does not fit this model's layers"):
+        run_dir.load_weights(make_model(norm_first=True, d_model=16), current)
+
+
 def test_every_layer_config_round_trips():
     layers = [
         kt.MultiHeadAttention(4, key_dim=8, num_kv_heads=2, dropout=0.1),

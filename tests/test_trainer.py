@@ -166,7 +166,7 @@ KEY_BIAS = ("key_dense/vars/1",)
 
 @pytest.mark.slow
 def test_mirrored_equals_default_strategy(tmp_path):
-    common = SMALL + ["--train_steps", "12", "--steps_per_epoch", "6", "--dropout", "0",
+    common = SMALL + ["--train_steps", "12", "--validate_every_steps", "6", "--dropout", "0",
                       "--lr_scale", "0.05", "--no_eval", "--deterministic"]
     single = trainer(*common, "--strategy", "default", "--model_dir", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-3000:]
@@ -213,7 +213,7 @@ def test_multi_worker_resume_agrees_on_the_backup(tmp_path):
     step (the same final weights); each restoring its own newest would hang or diverge.
     The first run is also the plain two-worker check: 2 replicas, the same weights."""
     run = tmp_path / "run"
-    common = SMALL + ["--steps_per_epoch", "3", "--no_eval", "--strategy", "multi_worker",
+    common = SMALL + ["--validate_every_steps", "3", "--no_eval", "--strategy", "multi_worker",
                       "--model_dir", str(run)]
     first = two_workers(common + ["--train_steps", "6"])
     for code, _, err in first:
@@ -253,7 +253,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, strategy):
     count read micro-batches)."""
     from trainers.backup import INPUT_LEAD, backup_metadata
 
-    common = SMALL + ["--train_steps", "20", "--steps_per_epoch", "10", "--backup_every_steps",
+    common = SMALL + ["--train_steps", "20", "--validate_every_steps", "10", "--backup_every_steps",
                       "5", "--no_eval", "--deterministic", *STRATEGY_FLAGS[strategy]]
     reference = trainer(*common, "--model_dir", str(tmp_path / "whole"))
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -285,7 +285,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, strategy):
 
 @pytest.mark.slow
 def test_average_equals_numpy_mean(tmp_path):
-    run = trainer(*SMALL, "--train_steps", "9", "--steps_per_epoch", "3",
+    run = trainer(*SMALL, "--train_steps", "9", "--validate_every_steps", "3",
                   "--checkpoint_every_steps", "3", "--no_eval", "--model_dir",
                   str(tmp_path / "run"))
     assert run.returncode == 0, run.stderr[-3000:]
@@ -320,7 +320,7 @@ def test_average_equals_numpy_mean(tmp_path):
     (["--max_train_length", "2000"], "longer than the model's positions"),
     (["--strategy", "multi_worker", "--train_minutes", "1"], "--train_minutes is not supported"),
     (["--strategy", "mirrored", "--steps_per_execution", "2", "--train_steps", "4",
-      "--steps_per_epoch", "2"], "MirroredStrategy"),
+      "--validate_every_steps", "2"], "MirroredStrategy"),
     (["--strategy", "mirrored", "--grad_accum", "2"], "raise --batch_tokens instead"),
 ])
 def test_user_mistakes_are_clear_errors(tmp_path, args, message):
@@ -341,6 +341,23 @@ def test_boolean_model_flags_work_bare_or_with_a_value():
     assert parser.parse_args([]).norm_first is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--norm_first", "maybe"])
+
+
+def test_a_renamed_flag_keeps_its_old_name(tmp_path):
+    """--validate_every_steps was --steps_per_epoch: the old name still works, on the command
+    line and in a --config file or a run's config.json written before the rename."""
+    from trainers import wmt
+
+    new, _ = wmt.parse_arguments(["--dataset", "sample", "--validate_every_steps", "17"])
+    old, given = wmt.parse_arguments(["--dataset", "sample", "--steps_per_epoch", "17"])
+    assert old.validate_every_steps == new.validate_every_steps == 17
+    assert "validate_every_steps" in given and not hasattr(old, "steps_per_epoch")
+    config, settings = wmt.resolve_settings(new)
+    saved = settings.to_dict()
+    saved["steps_per_epoch"] = saved.pop("validate_every_steps")  # as written before
+    (tmp_path / "config.json").write_text(json.dumps({"model": config.to_dict(), "run": saved}))
+    again, _ = wmt.parse_arguments(["--config", str(tmp_path / "config.json")])
+    assert wmt.resolve_settings(again)[1].validate_every_steps == 17
 
 
 def test_bad_flag_value_is_rejected():
@@ -375,7 +392,7 @@ def test_precision_auto_follows_the_hardware():
 def test_steps_per_execution_trains_the_same_weights(tmp_path):
     """Several steps per call into the graph (issue 12): the same weights as one step per
     call, checkpoints at the same steps, counted on the host."""
-    common = SMALL + ["--train_steps", "12", "--steps_per_epoch", "6", "--no_eval",
+    common = SMALL + ["--train_steps", "12", "--validate_every_steps", "6", "--no_eval",
                       "--deterministic", "--checkpoint_every_steps", "6"]
     one = trainer(*common, "--model_dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
@@ -394,7 +411,7 @@ def test_steps_per_execution_trains_the_same_weights(tmp_path):
 def test_time_budget_stops_then_evaluates(tmp_path):
     """--train_minutes stops training cleanly, then averages, evaluates; a rerun of the same
     command finds the budget spent and only re-evaluates."""
-    args = SMALL + ["--train_steps", "100000", "--steps_per_epoch", "100", "--train_minutes",
+    args = SMALL + ["--train_steps", "100000", "--validate_every_steps", "100", "--train_minutes",
                     "0.3", "--eval_max_sentences", "20", "--no_export", "--model_dir",
                     str(tmp_path / "run")]
     start = time.monotonic()
@@ -573,7 +590,7 @@ def test_best_checkpoint_keeps_the_best_step_and_survives_a_restart(tmp_path):
 def test_best_by_loss_is_exported_when_it_improves(tmp_path):
     """--best_metric loss (BLEU off): best/ holds the step of the lowest validation loss in
     TensorBoard, exported for TF Serving."""
-    run = trainer(*SMALL, "--train_steps", "20", "--steps_per_epoch", "10", "--eval_every_steps",
+    run = trainer(*SMALL, "--train_steps", "20", "--validate_every_steps", "10", "--eval_every_steps",
                   "0", "--best_metric", "loss", "--export_on_best", "--no_eval",
                   "--model_dir", str(tmp_path / "run"), timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

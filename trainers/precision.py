@@ -3,8 +3,8 @@ have tensor cores for float16 only, float32 elsewhere.
 
 mixed_bfloat16 halves the matrix products' cost on TPUs, on GPUs of compute capability 8.0 and
 newer (A100, H100, ...) and on CPUs with AMX or AVX512-BF16 (oneDNN uses those units). On other
-CPUs TensorFlow emulates bfloat16 and a step is slower than in float32 (measured on an
-AVX2-only EPYC: 650-730 against 1,040-1,070 target tokens/s), so auto picks float32 there.
+CPUs TensorFlow emulates bfloat16 and a step is slower than in float32, so auto picks float32
+there (README, "Precision").
 GPUs of compute capability 7.x (V100, T4: Colab's free GPU) have float16 tensor cores and no
 bfloat16: auto picks mixed_float16 there, with dynamic loss scaling
 (`kt.TokenWeightedLossScaleOptimizer`).

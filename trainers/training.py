@@ -153,7 +153,7 @@ def train(settings, config, strategy, tokenizer, model_dir):
     stats = pipeline.PipelineStats()
     resumable_input = ResumableInput(corpus.training_batches(settings, config, tokenizer,
                                                              replicas, static, stats))
-    # A Keras epoch is one backup interval; validation comes every --steps_per_epoch.
+    # A Keras epoch is one backup interval; validation comes every --validate_every_steps.
     interval = settings.backup_every_steps
     epochs, done = config.train_steps // interval, 0
     backups = model_dir / "backup" / worker
@@ -180,7 +180,7 @@ def train(settings, config, strategy, tokenizer, model_dir):
                   epochs=epochs, initial_epoch=done,
                   steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
                   verbose=settings.verbose, shuffle=False, validation_data=validation,
-                  validation_freq=settings.steps_per_epoch // interval)
+                  validation_freq=settings.validate_every_steps // interval)
         throughput = next(c for c in callbacks if isinstance(c, Throughput))
         report(settings, model, throughput, time.monotonic() - start, model_dir,
                is_chief(strategy))

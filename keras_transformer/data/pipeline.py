@@ -35,12 +35,10 @@ import logging
 
 import tensorflow as tf
 
-from keras_transformer.config import ConfigError
+from keras_transformer.config import BATCHING, ConfigError
 from keras_transformer.tokenizer import BOS_ID, EOS_ID
 
 logger = logging.getLogger(__name__)
-
-BATCHING = ("packed", "mixed", "concat")
 
 
 def bucket_boundaries(max_length, smallest=8, growth=1.25):
@@ -333,10 +331,3 @@ def _rows_padded_to(lengths, sizes, pad_id):
                  for name, t in inputs.items()}, padded(labels, pad_id))
 
     return pad
-
-
-def static_shapes(max_length, batch_tokens, num_replicas=1):
-    """The (batch, length) shapes static mode can produce."""
-    boundaries = bucket_boundaries(max_length)
-    sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
-    return {(size, bound - 1) for size, bound in zip(sizes, boundaries)}
