@@ -16,7 +16,8 @@ import sys
 import urllib.error
 import urllib.request
 
-OPTIONS = ("beam_size", "alpha", "max_extra", "num_return")
+from export.serving_options import OPTION_DTYPES, OPTIONS
+
 DEFAULTS = {"beam_size": 4, "alpha": 0.6, "max_extra": 50, "num_return": 1}
 
 
@@ -70,9 +71,7 @@ def predict_grpc(server, model, texts, options=None, version=None, timeout=60.0)
     if version:
         request.model_spec.version.value = version
     for key, value in inputs.items():
-        dtype = {"beam_size": tf.int32, "max_extra": tf.int32, "alpha": tf.float32,
-                 "num_return": tf.int32}.get(key)
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=OPTION_DTYPES.get(key)))
     with grpc.insecure_channel(server) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         try:

@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from export.serving_options import OPTION_DTYPES, OPTIONS
 from keras_transformer.config import ConfigError
 from keras_transformer.decoding import beam_search, greedy_search
 from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
@@ -51,7 +52,6 @@ from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
 logger = logging.getLogger(__name__)
 
 SIGNATURE_NAMES = ("serving_default", "translate_with_options", "translate_ids")
-OPTIONS = ("beam_size", "alpha", "max_extra", "num_return")
 MAX_ALPHA = 10.0  # GNMT's penalty is used with alpha in [0, 1]; beyond 10 no score is finite
 ALPHA_RANGE = f"alpha must be a number in [0, {MAX_ALPHA:g}]"
 WARMUP_FILE = "tf_serving_warmup_requests"
@@ -163,13 +163,8 @@ class TranslationModule(tf.Module):
     def serving_default(self, inputs):
         return self.translate(inputs, self.beam_size, self.alpha, self.max_extra)
 
-    @tf.function(input_signature=[
-        tf.TensorSpec([None], tf.string, name="inputs"),
-        tf.TensorSpec(None, tf.int32, name="beam_size"),
-        tf.TensorSpec(None, tf.float32, name="alpha"),
-        tf.TensorSpec(None, tf.int32, name="max_extra"),
-        tf.TensorSpec(None, tf.int32, name="num_return"),
-    ])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")] + [
+        tf.TensorSpec(None, dtype, name=name) for name, dtype in OPTION_DTYPES.items()])
     def translate_with_options(self, inputs, beam_size, alpha, max_extra, num_return):
         rows = tf.shape(inputs)[0]
         options = dict(beam_size=beam_size, alpha=alpha, max_extra=max_extra,

@@ -10,20 +10,18 @@ Batching modes:
   each window is sorted by target length and cut greedily into batches as large as the
   budget allows: B x longest target <= batch_tokens, B x longest source <= source_tokens
   (fairseq's and OpenNMT-tf's "sort within a window and fill to the budget"). Batches are
-  padded to their own longest pair, so nearly the whole target budget is real tokens (98.8% on the sample
-  corpus, against 77-84% with length buckets); they are shuffled afterwards. Ties in target
-  length are sorted by source length, so a batch's sources are alike too. Nothing is dropped.
+  padded to their own longest pair, so nearly the whole target budget is real tokens (far
+  more than with length buckets); they are shuffled afterwards. Ties in target length are
+  sorted by source length, so a batch's sources are alike too. Nothing is dropped.
 - dynamic "mixed": the window is cut in its shuffled order instead: batches of mixed
-  lengths, with padding (about half the budget on the sample corpus). On that corpus, whose
-  sentence templates are nearly fixed by their length, batches of one length learn markedly
-  slower per step (training loss after 120 steps of tiny: 3.72 sorted by target length, 4.34
-  sorted by both lengths, 3.43 length buckets, 2.91 unsorted); natural corpora train sorted,
-  as fairseq and OpenNMT-tf do.
+  lengths, with padding. On the sample corpus, whose sentence templates are nearly fixed by
+  their length, batches of one length learn markedly slower per step (hence "concat" for
+  it); natural corpora train sorted, as fairseq and OpenNMT-tf do.
 - concat (`batching="concat"`): several pairs share each row of `row_length` tokens (first
   fit, in the shuffled order), told apart by segment ids and positions that restart at 0 in
   every pair; the model masks attention so that each pair is computed as if alone (the
-  "packed" examples of tensor2tensor). Rows are full (96.7% real target tokens on the sample
-  corpus) and each batch still mixes lengths and templates; batches are [budget //
+  "packed" examples of tensor2tensor). Rows are nearly full and each batch still mixes
+  lengths and templates; batches are [budget //
   row_length, row_length]. Elements then add "source_segment_ids", "target_segment_ids",
   "source_positions" and "target_positions" to the inputs.
 - static (TPUs, XLA): every batch padded to its length bucket's bound, batch sizes fixed per
