@@ -177,7 +177,8 @@ def _current_name(name):
     parts = name.split("/")
     for i, part in enumerate(parts):
         if part.endswith("_residual"):
-            sublayer = "self_attention" if part == "attention_residual" else part[:-9]
+            sublayer = part.removesuffix("_residual")
+            sublayer = "self_attention" if sublayer == "attention" else sublayer
             inner = parts[i + 1] if i + 1 < len(parts) else "vars"
             if inner not in ("norm", "drop_output"):
                 return None
