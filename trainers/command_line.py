@@ -74,7 +74,8 @@ def _add_flag(group, field):
 def _model_flags(model, config):
     """One flag per TransformerConfig field (`config`: keras_transformer/config.py)."""
     for field in dataclasses.fields(config.TransformerConfig):
-        kind = {bool: _bool, int: int, float: float, str: str}.get(field.type, int)  # int | None
+        kind = run_settings.flag_type(field)[0]
+        kind = _bool if kind is bool else kind
         choices = ("sinusoidal", "learned") if field.name == "position" else None
         # A bare boolean flag (`--norm_first`) means true; `--norm_first false` also works.
         bare = dict(nargs="?", const=True) if kind is _bool else {}
