@@ -96,11 +96,11 @@ def natural_corpus(directory, seed=0):
 
 def prepare_vocabulary(corpus_args, model_dir):
     """The vocabulary the trainer will use (trained once and cached, as the trainer does)."""
-    from trainers import corpus, wmt
+    from trainers import run_data, wmt
 
     parser = wmt.build_parser()
     config, settings = wmt.resolve_settings(parser.parse_args(corpus_args))
-    tokenizer = corpus.get_tokenizer(settings, config, pathlib.Path(model_dir))
+    tokenizer = run_data.get_tokenizer(settings, config, pathlib.Path(model_dir))
     return tokenizer.save(pathlib.Path(model_dir) / "benchmark-vocab.model")
 
 

@@ -62,16 +62,16 @@ def trainer_setup(corpus_args):
     import keras
 
     import keras_transformer as kt
-    from trainers import corpus, training, wmt
+    from trainers import run_data, training, wmt
 
     config, settings = wmt.resolve_settings(wmt.build_parser().parse_args(corpus_args))
     keras.mixed_precision.set_global_policy(settings.precision)
-    tokenizer = corpus.get_tokenizer(settings, config, tempfile.mkdtemp())
+    tokenizer = run_data.get_tokenizer(settings, config, tempfile.mkdtemp())
     config = kt.TransformerConfig.preset(settings.preset, **{
         **config.to_dict(), "vocab_size": tokenizer.vocab_size})
     schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
     model = training.compiled_model(settings, config, schedule, tf.distribute.get_strategy())
-    batches = corpus.training_batches(settings, config, tokenizer, 1, False, None)
+    batches = run_data.training_batches(settings, config, tokenizer, 1, False, None)
     return config, settings, model, batches
 
 

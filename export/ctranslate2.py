@@ -163,6 +163,8 @@ class CTranslate2Translator:
         import ctranslate2
         import sentencepiece
 
+        from keras_transformer.config import source_length_limit
+
         model_dir = pathlib.Path(model_dir)
         if not (model_dir / SETTINGS_FILE).exists():
             raise FileNotFoundError(
@@ -176,8 +178,8 @@ class CTranslate2Translator:
                                                  intra_threads=threads)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.batch_size = batch_size
-        max_length = self.settings["max_length"]
-        self.max_input_length = max_input_length or max_length - max_extra
+        self.max_input_length = source_length_limit(self.settings["max_length"],
+                                                    max_extra, max_input_length)
 
     def encode(self, texts):
         """Source pieces for each text, without the EOS that CTranslate2 appends."""

@@ -45,7 +45,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from export.serving_options import OPTION_DTYPES, OPTIONS
-from keras_transformer.config import ConfigError
+from keras_transformer.config import ConfigError, source_length_limit
 from keras_transformer.decoding import beam_search, greedy_search
 from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
@@ -73,10 +73,8 @@ class TranslationModule(tf.Module):
         self._tokenizer = Tokenizer(proto, self.sentencepiece)
         self._tokenizer.check_padding(model.config)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
-        self.max_input_length = max_input_length or model.config.max_length - max_extra
-        if self.max_input_length < 1:
-            raise ConfigError(f"max_extra={max_extra} leaves no room for the source within "
-                              f"config.max_length={model.config.max_length}: lower --max_extra.")
+        self.max_input_length = source_length_limit(model.config.max_length, max_extra,
+                                                    max_input_length)
         self.max_beam_size = max_beam_size
 
     def encode(self, texts):

@@ -28,6 +28,18 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names it and says what to change."""
 
 
+def source_length_limit(max_length, max_extra, max_input_length=None):
+    """How many tokens of a source translation keeps, its EOS included: `max_input_length`,
+    else what leaves `max_extra` target tokens within the model's `max_length` positions.
+    Every engine (Translator, the SavedModel, CTranslate2) keeps a longer source's first
+    `limit - 1` pieces, then the EOS."""
+    length = max_input_length or max_length - max_extra
+    if length < 1:
+        raise ConfigError(f"max_extra={max_extra} leaves no room for the source within "
+                          f"max_length={max_length}: lower --max_extra.")
+    return length
+
+
 @dataclasses.dataclass
 class TransformerConfig:
     """Every knob of Table 3, with the paper's base model as the defaults.

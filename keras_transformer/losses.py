@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.masks import padding_mask
+
 
 def smoothed_cross_entropy(labels, logits, label_smoothing):
     """Per-token cross-entropy [...] of `logits` [..., V] against the smoothed target
@@ -65,12 +67,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         losses = smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
-        return ops.where(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), losses, 0.0)
+        return ops.where(padding_mask(y_true, self.pad_id), losses, 0.0)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         with keras.name_scope(self.name):
             losses = self.call(y_true, y_pred)
-            weights = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), "float32")
+            weights = ops.cast(padding_mask(y_true, self.pad_id), "float32")
             if sample_weight is not None:
                 sample_weight = ops.cast(sample_weight, "float32")
                 if len(sample_weight.shape) == 1:
@@ -97,7 +99,7 @@ class RealTokenMean(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = ops.cast(y_true, "int32")
-        real = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        real = ops.cast(padding_mask(y_true, self.pad_id), "float32")
         self.total.assign_add(ops.sum(self.token_values(y_true, y_pred) * real))
         self.count.assign_add(ops.sum(real))
 

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.config import ConfigError
+from keras_transformer.config import source_length_limit
 from keras_transformer.decoding import beam_search, greedy_search
 
 logger = logging.getLogger(__name__)
@@ -29,10 +29,8 @@ class Translator:
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.penalty = penalty
         self.batch_size, self.jit_compile = batch_size, jit_compile
-        self.max_input_length = max_input_length or model.config.max_length - max_extra
-        if self.max_input_length < 1:
-            raise ConfigError(f"max_extra={max_extra} leaves no room for the source within "
-                             f"config.max_length={model.config.max_length}.")
+        self.max_input_length = source_length_limit(model.config.max_length, max_extra,
+                                                    max_input_length)
         self._decode = tf.function(self._decode_batch, jit_compile=jit_compile,
                                    reduce_retracing=True)
 

@@ -112,8 +112,33 @@ def test_same_translations_as_our_search(converted):
 
 
 @pytest.mark.slow
+def test_both_engines_cut_a_long_source_alike(converted):
+    """One rule (config.source_length_limit): a source longer than the limit keeps its first
+    limit - 1 pieces, then the EOS, in our Translator and in CTranslate2's (which appends the
+    EOS itself); a max_extra that leaves no room for a source is refused by both."""
+    from keras_transformer.config import ConfigError
+    from keras_transformer.run_dir import load_trained
+
+    run_dir, folders, sources, _ = converted
+    model, tokenizer, _ = load_trained(run_dir)
+    max_length, limit = model.config.max_length, 12
+    texts = [" ".join(sources[:40]), sources[0]]
+    ours = kt.Translator(model, tokenizer, max_extra=max_length - limit)
+    theirs = CTranslate2Translator(folders["float32"], max_extra=max_length - limit)
+    ids, pieces = ours.encode(texts), theirs.encode(texts)
+    assert len(ids[0]) == limit and ids[0][-1] == tokenizer.eos_id
+    assert len(ids[1]) < limit
+    vocabulary = tokenizer.pieces()
+    assert [[vocabulary[i] for i in row[:-1]] for row in ids] == pieces
+    with pytest.raises(ConfigError, match="leaves no room"):
+        kt.Translator(model, tokenizer, max_extra=max_length)
+    with pytest.raises(ConfigError, match="leaves no room"):
+        CTranslate2Translator(folders["float32"], max_extra=max_length)
+
+
+@pytest.mark.slow
 def test_int8_keeps_bleu_and_the_command_line_translates(converted):
-    from trainers.evaluation import score
+    from trainers.scoring import score
 
     run_dir, folders, sources, references = converted
     bleu = {}

@@ -9,6 +9,7 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_transformer.masks import padding_mask
 from keras_transformer.run_dir import write_text_atomically
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ class TargetTokens(keras.metrics.Metric):
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign_add(tf.reduce_sum(tf.cast(tf.not_equal(y_true, self.pad_id),
+        self.total.assign_add(tf.reduce_sum(tf.cast(padding_mask(y_true, self.pad_id),
                                                     tf.float32)))
 
     def result(self):

@@ -6,8 +6,8 @@ import time
 
 from keras_transformer import run_dir
 from keras_transformer.translator import Translator
-from trainers import checkpoints, corpus
-from trainers.evaluation import score
+from trainers import checkpoints, run_data
+from trainers.scoring import score
 
 
 def average_last(settings, model, model_dir):
@@ -29,7 +29,7 @@ def average_last(settings, model, model_dir):
 
 def translate_split(settings, translator, split, out_dir):
     """Translates and scores one split; writes <split>.txt; returns its scores."""
-    pairs = list(corpus.split_pairs(settings, split).as_numpy_iterator())
+    pairs = list(run_data.split_pairs(settings, split).as_numpy_iterator())
     if settings.eval_max_sentences:
         pairs = pairs[:settings.eval_max_sentences]
     sources = [s.decode("utf-8") for s, _ in pairs]

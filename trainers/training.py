@@ -11,11 +11,11 @@ import keras_transformer as kt
 from keras_transformer import run_dir
 from keras_transformer.data import corpora, pipeline
 from keras_transformer.translator import Translator
-from trainers import corpus
+from trainers import run_data
 from trainers.backup import TrainingBackup, common_backup_epoch, restore_backup
 from trainers.callbacks import TargetTokens, Throughput, TimeBudget
 from trainers.checkpoints import PeriodicCheckpoint
-from trainers.evaluation import score
+from trainers.scoring import score
 from trainers.resumable_input import ResumableInput
 from trainers.strategy import is_chief, worker_id
 from trainers.validation import (BestCheckpoint, ValidationLoss, ValidationTranslation,
@@ -34,7 +34,7 @@ def validation_translation(settings, tokenizer, model_dir, copy):
     if not settings.eval_every_steps or not settings.eval_sentences:
         return None
     try:
-        pairs = corpus.split_pairs(settings, "validation").take(settings.eval_sentences)
+        pairs = run_data.split_pairs(settings, "validation").take(settings.eval_sentences)
         pairs = list(pairs.as_numpy_iterator())
     except corpora.DataError as error:
         print(f"No BLEU during training: {error}", flush=True)
@@ -151,7 +151,7 @@ def train(settings, config, strategy, tokenizer, model_dir):
     static = settings.static_batches or isinstance(strategy, tf.distribute.TPUStrategy)
     replicas = strategy.num_replicas_in_sync
     stats = pipeline.PipelineStats()
-    resumable_input = ResumableInput(corpus.training_batches(settings, config, tokenizer,
+    resumable_input = ResumableInput(run_data.training_batches(settings, config, tokenizer,
                                                              replicas, static, stats))
     # A Keras epoch is one backup interval; validation comes every --validate_every_steps.
     interval = settings.backup_every_steps
@@ -172,11 +172,11 @@ def train(settings, config, strategy, tokenizer, model_dir):
                   "no more training.", flush=True)
             done = epochs
     if done < epochs:
-        validation = corpus.validation_batches(settings, config, tokenizer, replicas, static)
+        validation = run_data.validation_batches(settings, config, tokenizer, replicas, static)
         callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
                                    resumable_input, validation is not None, budget)
         start = time.monotonic()
-        model.fit(resumable_input.dataset.with_options(corpus.distribution_options()),
+        model.fit(resumable_input.dataset.with_options(run_data.distribution_options()),
                   epochs=epochs, initial_epoch=done,
                   steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
                   verbose=settings.verbose, shuffle=False, validation_data=validation,
@@ -192,4 +192,4 @@ def train(settings, config, strategy, tokenizer, model_dir):
             "note": "restored from the last backup; the throughput of the run was not kept"},
             indent=2))
     stats.log()
-    corpus.log_skipped()
+    run_data.log_skipped()

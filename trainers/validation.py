@@ -7,7 +7,6 @@ import pathlib
 import shutil
 import time
 
-import keras
 import tensorflow as tf
 
 from keras_transformer.run_dir import build_model, save_model_weights, write_text_atomically

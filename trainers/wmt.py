@@ -83,7 +83,7 @@ def run_parsed(args, given=()):
     config, settings = resolve_settings(args)
     strategy = start_tensorflow(settings)
     from keras_transformer import run_dir
-    from trainers.corpus import get_tokenizer
+    from trainers.run_data import get_tokenizer
     from trainers.final_evaluation import evaluate
     from trainers.strategy import is_chief
     from trainers.training import train

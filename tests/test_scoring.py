@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from trainers.evaluation import score, split_compounds, tokenized_bleu_score
+from trainers.scoring import score, split_compounds, tokenized_bleu_score
 
 
 def multi_bleu(hypotheses, references):
