@@ -111,6 +111,7 @@ class TimeBudget(keras.callbacks.Callback):
     def __init__(self, minutes, record):
         super().__init__()
         self.minutes, self.record = minutes, pathlib.Path(record)
+        self.stopped = False  # whether it stopped this run's training
 
     def used_before(self):
         if self.record.exists():
@@ -132,7 +133,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.used() >= self.minutes and not self.model.stop_training:
-            self.model.stop_training = True
+            self.model.stop_training = self.stopped = True
             logger.info("time budget of %g minutes reached: stopping training", self.minutes)
 
     def on_epoch_end(self, epoch, logs=None):

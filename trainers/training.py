@@ -181,6 +181,9 @@ def train(settings, config, strategy, tokenizer, model_dir):
                   steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
                   verbose=settings.verbose, shuffle=False, validation_data=validation,
                   validation_freq=settings.validate_every_steps // interval)
+        validation_loss = next((c for c in callbacks if isinstance(c, ValidationLoss)), None)
+        if budget is not None and budget.stopped and validation_loss is not None:
+            validation_loss.validate_the_last_step(validation)
         throughput = next(c for c in callbacks if isinstance(c, Throughput))
         report(settings, model, throughput, time.monotonic() - start, model_dir,
                is_chief(strategy))

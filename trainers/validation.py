@@ -76,19 +76,30 @@ class ValidationLoss(HostStepCounter):
         super().__init__()
         self.log_dir, self.best = log_dir, best
         self._writer = None
+        self.validated_step = None
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or "val_loss" not in logs:
-            return
+        if logs and "val_loss" in logs:
+            self.write(logs["val_loss"], logs.get("val_perplexity"))
+
+    def validate_the_last_step(self, validation):
+        """After a time budget stopped training: Keras validates an epoch cut short only when
+        validation_freq says so, so the step reached is validated here if it was not."""
+        if self.validated_step != self.step:
+            logs = self.model.evaluate(validation, verbose=0, return_dict=True)
+            self.write(logs["loss"], logs.get("perplexity"))
+
+    def write(self, loss, perplexity=None):
         step = self.step
         self._writer = self._writer or tf.summary.create_file_writer(str(self.log_dir))
         with self._writer.as_default(step=step):
-            tf.summary.scalar("validation/loss", logs["val_loss"])
-            if "val_perplexity" in logs:
-                tf.summary.scalar("validation/perplexity", logs["val_perplexity"])
+            tf.summary.scalar("validation/loss", loss)
+            if perplexity is not None:
+                tf.summary.scalar("validation/perplexity", perplexity)
         self._writer.flush()
+        self.validated_step = step
         if self.best is not None and self.best.metric == "loss":
-            self.best.offer(step, float(logs["val_loss"]), self.model)
+            self.best.offer(step, float(loss), self.model)
 
 
 class ValidationTranslation(HostStepCounter):
