@@ -104,8 +104,9 @@ class TranslationModule(tf.Module):
 
         def beam():
             result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                 beam_size=beam_size, alpha=alpha, max_extra=max_extra)
-            return result["sequences"][:, :num_return], result["scores"][:, :num_return]
+                                 beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+                                 num_return=num_return)
+            return result["sequences"], result["scores"]
 
         if not tf.is_tensor(beam_size):
             return greedy() if beam_size == 1 else beam()

@@ -11,9 +11,10 @@ eagerly, each runs through a compiled function kept for the model and settings (
 Beam search (`beam_search`): each step extends every live hypothesis by every token, keeps the
 2K best extensions, files those that end (EOS or the source's limit) among the K best finished
 hypotheses, scored log P(Y) / lp(|Y|), and continues the K best others. Finished hypotheses
-are frozen. A source stops as soon as no live hypothesis can still beat its K-th finished one
-(its log-probability over the penalty at the source's limit bounds any continuation), and the
-loop stops when every source has. With alpha > 0 a beam of 1 can differ from greedy search:
+are frozen. A source stops as soon as no live hypothesis can still beat the last of the N best
+finished ones that were asked for (`num_return`, K by default): a live hypothesis's
+log-probability over the penalty at the source's limit bounds any continuation. The loop stops
+when every source has. With alpha > 0 a beam of 1 can differ from greedy search:
 after the best token is EOS it keeps extending the runner-up while a longer hypothesis could
 still score higher.
 
@@ -331,26 +332,35 @@ def _first_beam_state(batch, k, max_steps, attention_width, bos_id, pad_id, carr
 
 
 def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, max_extra=50,
-                penalty="gnmt", return_attention=False, jit_compile=False, use_cache=True):
+                penalty="gnmt", num_return=None, return_attention=False, jit_compile=False,
+                use_cache=True):
     """Beam search as the paper decodes (§6.1: beam 4, alpha 0.6, at most input length + 50
     tokens, early termination; see the module docstring). `penalty`: "gnmt" (the paper's) or
-    "length" (CTranslate2's; see `length_penalty`); `return_attention`, `jit_compile` and
-    `use_cache` as in `greedy_search`. `beam_size`, `alpha` and `max_extra` may be tensors (a
-    serving signature takes them per request); shapes are then dynamic.
+    "length" (CTranslate2's; see `length_penalty`); `num_return`: how many of the best
+    hypotheses are wanted, N in 1..K (default K): a source stops once its N best are settled,
+    so N = 1 stops sooner than K and returns the same best hypothesis; `return_attention`,
+    `jit_compile` and `use_cache` as in `greedy_search`. `beam_size`, `alpha`, `max_extra`
+    and `num_return` may be tensors (a serving signature takes them per request); shapes are
+    then dynamic.
 
-    Returns: dict with "sequences" [B, K, L] int32 (n-best, best first; L = S + max_extra
-    capped by config.max_length), "scores" [B, K] (length-normalised log-probabilities) and,
-    if asked, "attention" [B, K, L, S].
+    Returns: dict with "sequences" [B, N, L] int32 (n-best, best first; L = S + max_extra
+    capped by config.max_length), "scores" [B, N] (length-normalised log-probabilities) and,
+    if asked, "attention" [B, N, L, S].
     """
     if penalty not in PENALTIES:
         raise ValueError(f"penalty={penalty!r}: choose one of {PENALTIES}.")
+    if isinstance(num_return, int) and isinstance(beam_size, int) and not (
+            1 <= num_return <= beam_size):
+        raise ValueError(f"num_return={num_return}: ask for 1 to beam_size={beam_size} "
+                         "hypotheses.")
     if _eager(source_ids):
         return _traced(beam_search, model, dict(
             bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
-            penalty=penalty, return_attention=return_attention, jit_compile=jit_compile,
-            use_cache=use_cache))(source_ids)
+            penalty=penalty, num_return=num_return, return_attention=return_attention,
+            jit_compile=jit_compile, use_cache=use_cache))(source_ids)
 
     k = beam_size
+    n = k if num_return is None else num_return  # the hypotheses asked for, best first
     memory, memory_mask, limits, max_steps, batch = _setup(model, source_ids, max_extra, k)
     carried, fixed = _decoder_state(model, memory, max_steps, use_cache)
     limit_penalty = length_penalty(limits, alpha, penalty)  # the most any continuation gets
@@ -362,15 +372,16 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
             return_attention)
         top = _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention)
         # The K best extensions that go on, and the K best finished hypotheses; a source is
-        # done (its hypotheses frozen) once no live one can beat its K-th finished one.
+        # done (its hypotheses frozen) once no live one can beat its n-th finished one: the n
+        # best can no longer change.
         going_on = ops.where(top.ends | ~top.live, DEAD, top.log_probs)
         alive_log_probs, keep = ops.top_k(going_on, k)
         keep = ops.cast(keep, "int32")
         parents = ops.reshape(beam_offsets + _take_beams(top.beams, keep), (batch * k,))
         finished_seq, finished_scores, finished_attention = _file_finished(
             state, top, k, alpha, penalty, eos_id, return_attention)
-        done = (state.done | (finished_scores[:, -1] >= alive_log_probs[:, 0] / limit_penalty)
-                | (alive_log_probs[:, 0] <= DEAD / 2))
+        settled = ops.take(finished_scores, n - 1, axis=1) >= alive_log_probs[:, 0] / limit_penalty
+        done = state.done | settled | (alive_log_probs[:, 0] <= DEAD / 2)
         return (BeamState(
             step=state.step + 1,
             tokens=ops.reshape(_take_beams(top.tokens, keep), (batch * k,)),
@@ -389,5 +400,7 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
     state = _first_beam_state(batch, k, max_steps, attention_width, bos_id, model.config.pad_id,
                               carried)
     (state,) = ops.while_loop(cond, body, (state,))
-    result = {"sequences": state.finished_seq, "scores": state.finished_scores}
-    return {**result, "attention": state.finished_attention} if return_attention else result
+    result = {"sequences": state.finished_seq[:, :n], "scores": state.finished_scores[:, :n]}
+    if return_attention:
+        result["attention"] = state.finished_attention[:, :n]
+    return result

@@ -196,7 +196,8 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             sequences = beam_search(
                 transformer, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
                 beam_size=self.sampler.beam_size, alpha=self.sampler.alpha,
-                max_extra=self.sampler.max_extra, penalty=self.sampler.penalty)["sequences"][:, 0]
+                max_extra=self.sampler.max_extra, penalty=self.sampler.penalty,
+                num_return=1)["sequences"][:, 0]
         elif isinstance(self.sampler, keras_hub.samplers.GreedySampler):
             sequences = greedy_search(transformer, source_ids, bos_id=BOS_ID,
                                       eos_id=EOS_ID)["sequences"]

@@ -17,8 +17,9 @@ class Translator:
     """Translates lists of strings with beam search (the paper's settings by default).
 
     Sentences are tokenized (source + EOS), cut to `max_input_length` tokens (the EOS kept),
-    sorted by length and decoded `batch_size` at a time, padded to a multiple of 8 so that few
-    shapes are traced; the results come back in the order given. `beam_size=1` decodes
+    sorted by length and decoded `batch_size` at a time, padded to a multiple of 8; the results
+    come back in the order given. Beam search stops as soon as each sentence's best hypothesis
+    is settled (`num_return=1`). `beam_size=1` decodes
     greedily; `penalty` is the length penalty's form (see `decoding.length_penalty`).
     """
 
@@ -31,8 +32,12 @@ class Translator:
         self.batch_size, self.jit_compile = batch_size, jit_compile
         self.max_input_length = source_length_limit(model.config.max_length, max_extra,
                                                     max_input_length)
-        self._decode = tf.function(self._decode_batch, jit_compile=jit_compile,
-                                   reduce_retracing=True)
+        # One trace for every batch shape; XLA compiles a fixed shape, so with it the padded
+        # widths below keep the traces few.
+        self._decode = (tf.function(self._decode_batch, jit_compile=True, reduce_retracing=True)
+                        if jit_compile else
+                        tf.function(self._decode_batch,
+                                    input_signature=[tf.TensorSpec([None, None], tf.int32)]))
 
     def _decode_batch(self, source_ids):
         settings = dict(bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
@@ -40,7 +45,7 @@ class Translator:
         if self.beam_size == 1:
             return greedy_search(self.model, source_ids, **settings)["sequences"]
         result = beam_search(self.model, source_ids, beam_size=self.beam_size,
-                             alpha=self.alpha, penalty=self.penalty, **settings)
+                             alpha=self.alpha, penalty=self.penalty, num_return=1, **settings)
         return result["sequences"][:, 0]
 
     def encode(self, texts):

@@ -1,0 +1,109 @@
+"""The README's quick start as a newcomer runs it, timed by phase: `python -m trainers.wmt
+--strategy mirrored --dataset sample` in a fresh folder, once per source tree, the trees one
+after the other (--repeats rounds, alternating), with the CPU model and flags beside the
+figures, the CPU time each run used and its test BLEU.
+
+    git worktree add /tmp/old <commit>
+    python -m benchmarks.quick_start --trees /tmp/old,. [--repeats 1] [--precision auto]
+        [--out benchmarks/results/quick_start_<precision>.json]
+
+Phases, from the moment each line of the run's output appears: start (to Keras' first "Epoch"
+line: imports, vocabulary, model), training (to "trained to step": the steps, with the BLEU
+and validation-loss evaluations during training), test (averaging and the beam search of the
+test split, to its "test:" line) and export (to the end). CPU use is the run's user + system
+time over its wall-clock times the cores. The vocabulary is the cached one (a machine's first
+run trains it, about 20 s more).
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import save
+
+COMMAND = ["-m", "trainers.wmt", "--strategy", "mirrored", "--dataset", "sample"]
+MARKS = (("start", re.compile(r"^Epoch 1/")), ("training", re.compile(r"^trained to step")),
+         ("test", re.compile(r"^test: BLEU")))
+
+
+def run_once(tree, precision):
+    """Runs the quick start from `tree` in a fresh folder; returns its figures."""
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(tree).resolve()),
+           "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    flags = [] if precision is None else ["--precision", precision]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as folder:
+        began = time.monotonic()
+        process = subprocess.Popen([sys.executable, *COMMAND, *flags], cwd=folder, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        marks, lines = {}, []
+        for line in process.stdout:
+            lines.append(line)
+            for name, pattern in MARKS:
+                if name not in marks and pattern.search(line):
+                    marks[name] = time.monotonic() - began
+        if process.wait():
+            raise SystemExit(f"{tree}: the quick start failed:\n{''.join(lines[-20:])}")
+        total = time.monotonic() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = "".join(lines)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    ends = [marks["start"], marks["training"], marks["test"], total]
+    phases = dict(zip(("start", "training", "test", "export"),
+                      [b - a for a, b in zip([0.0, *ends], ends)]))
+    return {"tree": tree, "seconds": total, **{f"{k}_seconds": v for k, v in phases.items()},
+            "cpu_use": cpu / (total * os.cpu_count()),
+            "tokens_per_second": float(re.search(r"trained to step \d+: ([\d,]+) real",
+                                                 text)[1].replace(",", "")),
+            "test_bleu": float(re.search(r"^test: BLEU = ([\d.]+)", text, re.M)[1]),
+            "precision": re.search(r"^precision (\S+)", text, re.M)[1]}
+
+
+def table(runs, machine):
+    header = (f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine['flags'])}; "
+              f"TensorFlow {machine['tensorflow']}; `python -m {' '.join(COMMAND[1:])}`, cached "
+              "vocabulary, one fresh folder per run, the trees run one after the other\n\n"
+              "| tree | precision | total | start | training | test (average, beam search) | "
+              "export | CPU use of 2 x wall | real target tok/s | test BLEU |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
+    rows = [f"| {r['tree']} | {r['precision']} | {r['seconds']:.0f} s | "
+            f"{r['start_seconds']:.0f} s | {r['training_seconds']:.0f} s | "
+            f"{r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | {100 * r['cpu_use']:.0f}% | "
+            f"{r['tokens_per_second']:,.0f} | {r['test_bleu']:.2f} |" for r in runs]
+    base = [r["seconds"] for r in runs if r["tree"] == runs[0]["tree"]]
+    ratios = [f"{r['tree']}: {min(base) / r['seconds']:.2f}x" for r in runs[1:]
+              if r["tree"] != runs[0]["tree"]]
+    return "\n".join([header, *rows, "", f"speed-up over {runs[0]['tree']} (its fastest run "
+                      f"over each run): {', '.join(ratios) or '-'}"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trees", default=".",
+                        help="comma-separated source trees; the first is the base")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--precision", default=None,
+                        help="passed to the trainer (default: the README's, auto)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    from benchmarks.end_to_end import hardware
+
+    machine = hardware()
+    trees = args.trees.split(",")
+    runs = []
+    for round_ in range(args.repeats):
+        for tree in trees if round_ % 2 == 0 else trees[::-1]:
+            runs.append(run_once(tree, args.precision))
+            print(runs[-1], flush=True)
+    out = args.out or f"benchmarks/results/quick_start_{args.precision or 'auto'}.json"
+    save(out, {"machine": machine, "runs": runs}, table(runs, machine))
+
+
+if __name__ == "__main__":
+    main()
