@@ -57,12 +57,24 @@ def run_once(tree, precision):
     ends = [marks["start"], marks["training"], marks["test"], total]
     phases = dict(zip(("start", "training", "test", "export"),
                       [b - a for a, b in zip([0.0, *ends], ends)]))
-    return {"tree": tree, "seconds": total, **{f"{k}_seconds": v for k, v in phases.items()},
+    return {"tree": tree, "commit": commit(tree), "seconds": total, **{f"{k}_seconds": v for k, v in phases.items()},
             "cpu_use": cpu / (total * os.cpu_count()),
             "tokens_per_second": float(re.search(r"trained to step \d+: ([\d,]+) real",
                                                  text)[1].replace(",", "")),
             "test_bleu": float(re.search(r"^test: BLEU = ([\d.]+)", text, re.M)[1]),
             "precision": re.search(r"^precision (\S+)", text, re.M)[1]}
+
+
+def commit(tree):
+    """The tree's commit (short hash, "+" when it has uncommitted changes), or "?"."""
+    try:
+        head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "-uno"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+" if dirty else "")
 
 
 def table(runs, machine):
@@ -72,7 +84,7 @@ def table(runs, machine):
               "| tree | precision | total | start | training | test (average, beam search) | "
               "export | CPU use of 2 x wall | real target tok/s | test BLEU |\n"
               "|---|---|---|---|---|---|---|---|---|---|")
-    rows = [f"| {r['tree']} | {r['precision']} | {r['seconds']:.0f} s | "
+    rows = [f"| {r['tree']} ({r['commit']}) | {r['precision']} | {r['seconds']:.0f} s | "
             f"{r['start_seconds']:.0f} s | {r['training_seconds']:.0f} s | "
             f"{r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | {100 * r['cpu_use']:.0f}% | "
             f"{r['tokens_per_second']:,.0f} | {r['test_bleu']:.2f} |" for r in runs]
