@@ -19,8 +19,8 @@ class Translator:
     Sentences are tokenized (source + EOS), cut to `max_input_length` tokens (the EOS kept),
     sorted by length and decoded `batch_size` at a time, padded to a multiple of 8; the results
     come back in the order given. Beam search stops as soon as each sentence's best hypothesis
-    is settled (`num_return=1`). `beam_size=1` decodes
-    greedily; `penalty` is the length penalty's form (see `decoding.length_penalty`).
+    is settled (`num_return=1`). `beam_size=1` decodes greedily; `penalty` is the length
+    penalty's form (see `decoding.length_penalty`).
     """
 
     def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra=50,
