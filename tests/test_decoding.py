@@ -95,28 +95,27 @@ def test_wide_beam_equals_exhaustive_enumeration(tiny_vocab_model, alpha, penalt
 @pytest.mark.parametrize("alpha", [0.6, 1.5])
 def test_fewer_hypotheses_asked_for_are_the_same_best_ones(tiny_vocab_model, model, rng, alpha):
     """num_return=N stops a source once its N best are settled: they are the N best of the
-    exhaustive enumeration (a beam that prunes nothing), and the first N of the full n-best
-    list of a beam that prunes."""
-    sources = [[3, 4, 0], [4, 0, 0], [3, 3, 4]]
+    exhaustive enumeration (a beam that prunes nothing), and with N = 1 a beam that prunes
+    finds the best of the full n-best list."""
+    sources = [[3, 4, 0], [4, 0, 0]]  # limits: 2 + 2 and 1 + 2 tokens
+    enumerated = [enumerate_hypotheses(tiny_vocab_model, source, sum(t != 0 for t in source) + 2,
+                                       alpha) for source in sources]
     for n in (1, 3):
         result = beam_search(tiny_vocab_model, tf.constant(sources), bos_id=BOS, eos_id=EOS,
                              beam_size=12, alpha=alpha, max_extra=2, num_return=n)
         assert result["sequences"].shape[1] == n
-        for row, source in enumerate(sources):
-            limit = sum(t != 0 for t in source) + 2
-            expected = enumerate_hypotheses(tiny_vocab_model, source, limit, alpha)[:n]
+        for row, expected in enumerate(enumerated):
             assert [[int(t) for t in seq if t != 0] for seq in result["sequences"][row]] == \
-                [tokens for _, tokens in expected]
-            np.testing.assert_allclose(result["scores"][row], [s for s, _ in expected],
+                [tokens for _, tokens in expected[:n]]
+            np.testing.assert_allclose(result["scores"][row], [s for s, _ in expected[:n]],
                                        rtol=1e-4)
     pruned = tf.constant(random_ids(rng, 8, 6, 30))
     full = beam_search(model, pruned, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha,
                        max_extra=6)
-    for n in (1, 2):
-        first = beam_search(model, pruned, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha,
-                            max_extra=6, num_return=n)
-        np.testing.assert_array_equal(first["sequences"], full["sequences"][:, :n])
-        np.testing.assert_allclose(first["scores"], full["scores"][:, :n], rtol=1e-5)
+    first = beam_search(model, pruned, bos_id=BOS, eos_id=EOS, beam_size=4, alpha=alpha,
+                        max_extra=6, num_return=1)
+    np.testing.assert_array_equal(first["sequences"], full["sequences"][:, :1])
+    np.testing.assert_allclose(first["scores"], full["scores"][:, :1], rtol=1e-5)
     with pytest.raises(ValueError, match="num_return=5"):
         beam_search(model, pruned, bos_id=BOS, eos_id=EOS, beam_size=4, num_return=5)
 
