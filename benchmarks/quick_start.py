@@ -57,7 +57,8 @@ def run_once(tree, precision):
     ends = [marks["start"], marks["training"], marks["test"], total]
     phases = dict(zip(("start", "training", "test", "export"),
                       [b - a for a, b in zip([0.0, *ends], ends)]))
-    return {"tree": tree, "commit": commit(tree), "seconds": total, **{f"{k}_seconds": v for k, v in phases.items()},
+    return {"tree": tree, "commit": commit(tree), "seconds": total,
+            **{f"{name}_seconds": seconds for name, seconds in phases.items()},
             "cpu_use": cpu / (total * os.cpu_count()),
             "tokens_per_second": float(re.search(r"trained to step \d+: ([\d,]+) real",
                                                  text)[1].replace(",", "")),
@@ -86,8 +87,9 @@ def table(runs, machine):
               "|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r['tree']} ({r['commit']}) | {r['precision']} | {r['seconds']:.0f} s | "
             f"{r['start_seconds']:.0f} s | {r['training_seconds']:.0f} s | "
-            f"{r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | {100 * r['cpu_use']:.0f}% | "
-            f"{r['tokens_per_second']:,.0f} | {r['test_bleu']:.2f} |" for r in runs]
+            f"{r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | "
+            f"{100 * r['cpu_use']:.0f}% | {r['tokens_per_second']:,.0f} | {r['test_bleu']:.2f} |"
+            for r in runs]
     base = [r["seconds"] for r in runs if r["tree"] == runs[0]["tree"]]
     ratios = [f"{r['tree']}: {min(base) / r['seconds']:.2f}x" for r in runs[1:]
               if r["tree"] != runs[0]["tree"]]
