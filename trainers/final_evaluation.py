@@ -1,7 +1,6 @@
 """The end of a run: the last checkpoints averaged (§6.1), the evaluation splits translated
 with beam search and scored, and the averaged model exported for TF Serving."""
 
-import concurrent.futures
 import json
 import time
 
@@ -65,26 +64,14 @@ def evaluate(settings, config, tokenizer, model_dir):
                             batch_size=settings.eval_batch_size)
     out_dir = model_dir / "translations"
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The export traces its signatures (mostly Python) while the splits are translated
-    # (mostly TensorFlow's own threads), from a copy of the model, so that no layer is traced
-    # from two threads at once.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        exported = None if settings.no_export else pool.submit(
-            export_copy, settings, config, model, model_dir)
-        results = {split: translate_split(settings, translator, split, out_dir)
-                   for split in settings.eval_splits.split(",") if split}
-        run_dir.write_text_atomically(out_dir / "results.json", json.dumps(results, indent=2))
-        if exported is not None:
-            print(f"Exported the averaged model for TF Serving: {exported.result()}")
+    results = {split: translate_split(settings, translator, split, out_dir)
+               for split in settings.eval_splits.split(",") if split}
+    run_dir.write_text_atomically(out_dir / "results.json", json.dumps(results, indent=2))
+    if not settings.no_export:
+        from export.saved_model import export
+
+        target = export(model, model_dir / "vocab.model", model_dir / "export",
+                        beam_size=settings.beam_size, alpha=settings.alpha,
+                        max_extra=settings.max_extra)
+        print(f"Exported the averaged model for TF Serving: {target}")
     return results
-
-
-def export_copy(settings, config, model, model_dir):
-    """Exports a copy of `model` for TF Serving under model_dir/export; returns its path."""
-    from export.saved_model import export
-
-    copy = run_dir.build_model(config)
-    copy.set_weights(model.get_weights())
-    return export(copy, model_dir / "vocab.model", model_dir / "export",
-                  beam_size=settings.beam_size, alpha=settings.alpha,
-                  max_extra=settings.max_extra)
