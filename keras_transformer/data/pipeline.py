@@ -265,9 +265,9 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
     dataset = _batched(dataset, batching, static, batch_tokens, max_length, num_replicas,
                        window, source_tokens, pad_id, row_length, keep_remainder)
     if shuffle:
-        # Batches are shuffled across about four windows: a "packed" window (sorted by
-        # length) makes about 64 batches, a "concat" one (rows of shuffled pairs) a few. The
-        # buffer fills before the first batch comes (256 batches: 10 s of the sample corpus).
+        # Batches are shuffled across several windows: a "packed" window (sorted by length)
+        # makes about 64 batches, a "concat" one (rows of already shuffled pairs) a few. The
+        # buffer fills before the first batch comes, so it is no larger than that needs.
         batches = 32 if batching == "concat" else 256
         dataset = dataset.shuffle(batches, seed=seed + 1, reshuffle_each_iteration=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
