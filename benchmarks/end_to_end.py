@@ -15,7 +15,9 @@ checkpoint, no averaging, beam 1, no length penalty). `sample` is the embedded s
 WMT-like lengths (1 to 8 sentences, mean about 27 words) and trains through `--dataset files`;
 `news` is real text (../shared/corpora/en-de-news: news and Tatoeba sentences, newstest2020 as
 the held-out split), read where it lies.
-The CPU model, its vector flags and the float32 matmul peak are printed beside the figures.
+The CPU model, its vector flags and the float32 matmul peak are printed beside the figures,
+each run's CPU use (all its threads, over the timed training) beside its tokens/s, and the
+matmul floor of ours' batches (the fastest any trainer could go with them here) beside both.
 """
 
 import argparse
@@ -74,6 +76,51 @@ def hardware():
             "tensorflow": tf.__version__}
 
 
+def trainer_batches(corpus_args):
+    """(config, settings, batches): the model configuration and the training batches that
+    `python -m trainers.wmt corpus_args` builds (its vocabulary from the shared cache)."""
+    import keras_transformer as kt
+    from trainers import run_data, wmt
+
+    config, settings = wmt.resolve_settings(wmt.build_parser().parse_args(corpus_args))
+    tokenizer = run_data.get_tokenizer(settings, config, tempfile.mkdtemp())
+    config = kt.TransformerConfig.preset(settings.preset, **{
+        **config.to_dict(), "vocab_size": tokenizer.vocab_size})
+    return config, settings, run_data.training_batches(settings, config, tokenizer, 1, False,
+                                                       None)
+
+
+def matmul_floor_of(config, batches, precision):
+    """(seconds, real target tokens) a step on average over `batches` (source and label
+    arrays) if the step were only its matrix products (benchmarks.training.matmul_floor), in
+    the compute dtype of `precision`."""
+    import tensorflow as tf
+
+    from benchmarks.training import matmul_floor
+
+    dtype = tf.bfloat16 if "bfloat16" in precision else (
+        tf.float16 if "float16" in precision else tf.float32)
+    floors = [matmul_floor(config, *inputs["source_ids"].shape, labels.shape[1], dtype,
+                           repeats=3) for inputs, labels in batches]
+    return (statistics.mean(floors),
+            statistics.mean(float((labels != 0).sum()) for _, labels in batches))
+
+
+def floor_tokens_per_s(corpus_args, precision, count=8):
+    """Real target tokens per second at the matmul floor, on `count` of the trainer's own
+    batches for this corpus (after as many more, so the shuffle has mixed): the fastest any
+    trainer could go on this machine with these batches."""
+    from trainers.precision import choose_precision
+
+    import tensorflow as tf
+
+    config, _, batches = trainer_batches(corpus_args + ["--preset", "tiny"])
+    chosen, _ = choose_precision(precision, tf.distribute.get_strategy())
+    sample = list(batches.skip(count).take(count).as_numpy_iterator())
+    seconds, tokens = matmul_floor_of(config, sample, chosen)
+    return tokens / seconds
+
+
 def natural_corpus(directory, seed=0):
     """Train and test TSVs of sample sentences joined 1 to 8 at a time (mean about 3.5, as
     long as a WMT sentence), source and target joined alike so each line stays a translation."""
@@ -123,7 +170,7 @@ def run_ours(corpus_args, settings, args, work):
     summary = json.loads((model_dir / "train_summary.json").read_text())
     scores = json.loads((model_dir / "translations/results.json").read_text())["test"]
     return {"steps": summary["steps"], "target_tokens_per_s": summary["tokens_per_second"],
-            "real_token_share": summary["real_token_share"],
+            "real_token_share": summary["real_token_share"], "cpu_use": summary["cpu_use"],
             "final_loss": summary["final_loss"], "greedy_bleu": scores["bleu"],
             "train_seconds": summary["fit_seconds"]}
 
@@ -154,6 +201,10 @@ def run_peer(settings, vocab, files, args, work):
     return json.loads(out.read_text())
 
 
+def over(a, b):
+    return f"{a / b:.2f}" if b else "-"
+
+
 def markdown(report):
     h = report["hardware"]
     lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul "
@@ -162,16 +213,24 @@ def markdown(report):
              f"each, batch budget {report['settings']['batch_tokens']} tokens"
              + (f"; ours with {report['ours_args']}" if report["ours_args"] else ""),
              "",
-             "| run | real target tokens/s | steps | real-token share of the budget "
+             "| run | real target tokens/s | CPU use | steps | real-token share of the budget "
              "| final training loss | greedy BLEU |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for kind, runs in (("ours (python -m trainers.wmt)", report["ours"]),
                        ("plain keras-hub loop", report["peer"])):
         for r in runs:
-            lines.append(f"| {kind} | {r['target_tokens_per_s']:,.0f} | {r['steps']} "
+            cpu = f"{100 * r['cpu_use']:.0f}%" if "cpu_use" in r else "-"
+            lines.append(f"| {kind} | {r['target_tokens_per_s']:,.0f} | {cpu} | {r['steps']} "
                          f"| {100 * r['real_token_share']:.1f}% | {r['final_loss']:.3f} "
                          f"| {r['greedy_bleu']:.2f} |")
-    lines += ["", f"ours/peer, median tokens/s: **{report['ratio']:.2f}x**"]
+    floor = statistics.median(report["floor_tokens_per_s"])
+    ours = statistics.median(r["target_tokens_per_s"] for r in report["ours"])
+    peer = statistics.median(r["target_tokens_per_s"] for r in report["peer"])
+    lines += ["", f"ours/peer, median tokens/s: **{report['ratio']:.2f}x**. The matmul floor "
+              f"(the step's matrix products alone, on ours' batches, measured before each pair): "
+              f"{floor:,.0f} real target tokens/s; time per real target token over the "
+              f"floor's: ours {over(floor, ours)}, the peer {over(floor, peer)}. CPU use is of "
+              "all cores, over the timed training (first step excluded)."]
     return "\n".join(lines)
 
 
@@ -220,9 +279,12 @@ def main(argv=None):
     report = {"corpus": " ".join(args.train_files) if args.train_files else args.corpus, "precision": args.precision,
               "ours_args": args.ours_args,
               "minutes": args.minutes, "settings": settings, "hardware": hardware(),
-              "ours": [], "peer": []}
+              "ours": [], "peer": [], "floor_tokens_per_s": []}
     vocab = prepare_vocabulary(corpus_args + ["--preset", "tiny"], work)
     for _ in range(args.repeats):  # alternate, so drift hits both alike
+        report["floor_tokens_per_s"].append(floor_tokens_per_s(corpus_args, args.precision))
+        print(f"matmul floor: {report['floor_tokens_per_s'][-1]:,.0f} real target tokens/s",
+              flush=True)
         report["ours"].append(run_ours(corpus_args, settings, args, work))
         print("ours:", report["ours"][-1], flush=True)
         report["peer"].append(run_peer(settings, vocab, files, args, work))

@@ -107,6 +107,7 @@ def main(argv=None):
 
     import keras_transformer as kt
     from benchmarks.peer import PeerTransformer, peer_generate
+    from trainers.callbacks import usable_cores
 
     keras.utils.set_random_seed(args.seed)
     keras.mixed_precision.set_global_policy(args.precision)
@@ -163,7 +164,7 @@ def main(argv=None):
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
             if self.steps == 1:
-                self.first_end = time.monotonic()
+                self.first_end, self.first_cpu = time.monotonic(), time.process_time()
             self.losses.append(float(logs["loss"]))
             if time.monotonic() - self.start >= 60 * args.minutes:
                 self.model.stop_training = True
@@ -171,6 +172,7 @@ def main(argv=None):
     clock = Clock()
     model.fit(dataset, epochs=10**6, steps_per_epoch=100, verbose=0, callbacks=[clock])
     seconds = time.monotonic() - clock.first_end
+    cpu_seconds = time.process_time() - clock.first_cpu  # all threads, as the trainer counts
     trained = [real_tokens[i] for i in order_log[:clock.steps]]
 
     test = read_pairs("test", args.test_files)[:args.eval_sentences]
@@ -205,6 +207,7 @@ def main(argv=None):
               "target_tokens": sum(trained),
               "target_tokens_per_s": sum(trained[1:]) / max(seconds, 1e-9),
               "real_token_share": sum(trained) / (len(trained) * args.batch_tokens),
+              "cpu_use": cpu_seconds / max(seconds * usable_cores(), 1e-9),
               "final_loss": float(np.mean(clock.losses[-100:])), "greedy_bleu": bleu,
               "eval_sentences": len(test)}
     pathlib.Path(args.out).write_text(json.dumps(report, indent=2))

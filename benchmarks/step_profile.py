@@ -20,7 +20,8 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.end_to_end import CORPORA, NEWS_DIR, hardware, news_corpus
+from benchmarks.end_to_end import (CORPORA, NEWS_DIR, hardware, matmul_floor_of,
+                                   news_corpus, trainer_batches)
 
 # The part of the step an op belongs to, by its name scope (Keras computes the compiled
 # metrics outside any scope of their own: they are the rest).
@@ -62,16 +63,12 @@ def trainer_setup(corpus_args):
     import keras
 
     import keras_transformer as kt
-    from trainers import run_data, training, wmt
+    from trainers import training
 
-    config, settings = wmt.resolve_settings(wmt.build_parser().parse_args(corpus_args))
+    config, settings, batches = trainer_batches(corpus_args)
     keras.mixed_precision.set_global_policy(settings.precision)
-    tokenizer = run_data.get_tokenizer(settings, config, tempfile.mkdtemp())
-    config = kt.TransformerConfig.preset(settings.preset, **{
-        **config.to_dict(), "vocab_size": tokenizer.vocab_size})
     schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
     model = training.compiled_model(settings, config, schedule, tf.distribute.get_strategy())
-    batches = run_data.training_batches(settings, config, tokenizer, 1, False, None)
     return config, settings, model, batches
 
 
@@ -90,7 +87,6 @@ def main(argv=None):
     import tensorflow as tf
 
     from benchmarks import save
-    from benchmarks.training import matmul_floor
 
     s = CORPORA[args.corpus]
     corpus_args = ["--dataset", "sample"]
@@ -127,15 +123,8 @@ def main(argv=None):
     times = op_times(logdir)
 
     profiled = fixed[args.warmup:args.warmup + args.steps]
-    floors = []
-    for inputs, labels in profiled:
-        batch, source = inputs["source_ids"].shape
-        floors.append(matmul_floor(config, batch, source, labels.shape[1],
-                                   tf.bfloat16 if "bfloat16" in args.precision else tf.float32,
-                                   repeats=3))
-    real = statistics.mean(float((labels != 0).sum()) for _, labels in profiled)
+    floor, real = matmul_floor_of(config, profiled, args.precision)
     step = statistics.median(step_times)
-    floor = statistics.mean(floors)
     total = sum(times.values())
     by_type, by_part = collections.Counter(), collections.Counter()
     for (kind, part), seconds in times.items():

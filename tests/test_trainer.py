@@ -405,6 +405,38 @@ def test_steps_per_execution_trains_the_same_weights(tmp_path):
     summary = json.loads((tmp_path / "three/train_summary.json").read_text())
     assert summary["steps"] == 12 and summary["batches"] == 12
     assert 0.5 < summary["real_token_share"] <= 1.0
+    assert 0.0 < summary["cpu_use"] <= 1.0
+
+
+def busy(seconds):
+    """Keeps one core busy for `seconds` of wall-clock."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_throughput_counts_training_cpu_and_leaves_validation_out():
+    """Against known work: one core kept busy for the timed part of the epoch is 1/cores of
+    the machine; a validation as long and as busy, and a translation pause, are left out of
+    both the seconds and the CPU seconds."""
+    from trainers.callbacks import Throughput, usable_cores
+
+    throughput = Throughput(batch_tokens=100)
+    throughput.on_epoch_begin(0)
+    throughput.on_train_batch_end(0, {"target_tokens": 50.0})  # the untimed first batch
+    busy(0.4)
+    throughput.on_test_begin()
+    busy(0.4)
+    throughput.on_test_end()
+    start, cpu = time.perf_counter(), time.process_time()
+    busy(0.2)
+    throughput.exclude(time.perf_counter() - start, time.process_time() - cpu)
+    throughput.on_train_batch_end(1, {"target_tokens": 130.0})
+    throughput.on_epoch_end(0, {"target_tokens": 130.0, "loss": 2.0})
+    summary = throughput.summary()
+    assert summary["real_token_share"] == pytest.approx(130 / 200)
+    assert summary["tokens_per_second"] == pytest.approx(80 / 0.4, rel=0.15)
+    assert summary["cpu_use"] == pytest.approx(1 / usable_cores(), rel=0.2)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from keras_transformer.data import corpora, pipeline
 from keras_transformer.translator import Translator
 from trainers import run_data
 from trainers.backup import TrainingBackup, common_backup_epoch, restore_backup
-from trainers.callbacks import TargetTokens, Throughput, TimeBudget
+from trainers.callbacks import TargetTokens, Throughput, TimeBudget, usable_cores
 from trainers.checkpoints import PeriodicCheckpoint
 from trainers.scoring import score
 from trainers.resumable_input import ResumableInput
@@ -140,7 +140,8 @@ def report(settings, model, throughput, seconds, model_dir, chief):
     if summary.get("real_token_share") is not None:
         print(f"trained to step {summary['steps']}: {summary['tokens_per_second']:,.0f} real "
               f"target tokens/s, {100 * summary['real_token_share']:.1f}% of the batch budget "
-              "real target tokens", flush=True)
+              f"real target tokens, CPU use {100 * summary['cpu_use']:.0f}% of "
+              f"{usable_cores()} cores", flush=True)
 
 
 def train(settings, config, strategy, tokenizer, model_dir):

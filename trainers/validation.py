@@ -112,7 +112,7 @@ class ValidationTranslation(HostStepCounter):
     def __init__(self, every_steps, sources, references, make_translator, score, out_dir,
                  log_dir, best=None, on_pause=None):
         super().__init__()
-        self.on_pause = on_pause  # told the seconds training waited
+        self.on_pause = on_pause  # told the seconds training waited, and their CPU seconds
         self.every_steps, self.sources, self.references = every_steps, sources, references
         self.make_translator, self.score = make_translator, score
         self.out_dir, self.log_dir, self.best = pathlib.Path(out_dir), log_dir, best
@@ -122,10 +122,10 @@ class ValidationTranslation(HostStepCounter):
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
         if self.crossed(self.every_steps):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             self.evaluate(self.step)
             if self.on_pause is not None:
-                self.on_pause(time.perf_counter() - start)
+                self.on_pause(time.perf_counter() - start, time.process_time() - cpu)
 
     def evaluate(self, step):
         start = time.perf_counter()
