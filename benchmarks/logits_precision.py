@@ -18,7 +18,7 @@ import statistics
 import time
 import types
 
-from benchmarks.end_to_end import CORPORA, NEWS_DIR, hardware, news_corpus
+from benchmarks.end_to_end import NEWS_DIR, hardware
 
 
 def bfloat16_logits(self, x):
@@ -46,17 +46,9 @@ def main(argv=None):
     import tensorflow as tf
 
     from benchmarks import save
-    from benchmarks.step_profile import trainer_setup
+    from benchmarks.step_profile import corpus_flags, trainer_setup
 
-    s = CORPORA[args.corpus]
-    corpus_args = ["--dataset", "sample"]
-    if args.corpus == "news":
-        files = news_corpus(args.news_dir)
-        corpus_args = ["--dataset", "files", "--train_files", *map(str, files["train"])]
-    corpus_args += ["--preset", "tiny", "--precision", "mixed_bfloat16",
-                    "--vocab_size", str(s["vocab_size"]), "--batch_tokens", str(s["batch_tokens"]),
-                    "--max_train_length", str(s["max_length"]), "--max_length", "256",
-                    "--warmup_steps", str(s["warmup_steps"]), "--lr_scale", str(s["lr_scale"])]
+    corpus_args = corpus_flags(args.corpus, args.news_dir, "mixed_bfloat16")
     ways = {}
     for way in ("float32 product", "bfloat16 product"):
         keras.utils.set_random_seed(0)  # the same initial weights and dropout draws

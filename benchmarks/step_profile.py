@@ -57,6 +57,19 @@ def op_times(logdir):
     return times
 
 
+def corpus_flags(corpus, news_dir, precision):
+    """The trainer's flags for tiny on `corpus` ("news" or "sample") at the end-to-end
+    benchmark's settings for it."""
+    s = CORPORA[corpus]
+    flags = ["--dataset", "sample"]
+    if corpus == "news":
+        flags = ["--dataset", "files", "--train_files", *map(str, news_corpus(news_dir)["train"])]
+    return flags + ["--preset", "tiny", "--precision", precision,
+                    "--vocab_size", str(s["vocab_size"]), "--batch_tokens", str(s["batch_tokens"]),
+                    "--max_train_length", str(s["max_length"]), "--max_length", "256",
+                    "--warmup_steps", str(s["warmup_steps"]), "--lr_scale", str(s["lr_scale"])]
+
+
 def trainer_setup(corpus_args):
     """(config, settings, model, batches) as `python -m trainers.wmt corpus_args` builds them."""
     import tensorflow as tf
@@ -88,15 +101,8 @@ def main(argv=None):
 
     from benchmarks import save
 
-    s = CORPORA[args.corpus]
-    corpus_args = ["--dataset", "sample"]
-    if args.corpus == "news":
-        files = news_corpus(args.news_dir)
-        corpus_args = ["--dataset", "files", "--train_files", *map(str, files["train"])]
-    corpus_args += ["--preset", "tiny", "--precision", args.precision,
-                    "--vocab_size", str(s["vocab_size"]), "--batch_tokens", str(s["batch_tokens"]),
-                    "--max_train_length", str(s["max_length"]), "--max_length", "256"]
-    config, settings, model, batches = trainer_setup(corpus_args)
+    config, settings, model, batches = trainer_setup(
+        corpus_flags(args.corpus, args.news_dir, args.precision))
     fixed = list(batches.take(args.warmup + 2 * args.steps).as_numpy_iterator())
     dataset = tf.data.Dataset.from_generator(
         lambda: iter(fixed), output_signature=batches.element_spec)
