@@ -1,35 +1,25 @@
-"""The output projection under mixed_bfloat16, both ways: x W^T in float32 (what
-`SharedEmbedding.logits` does: x and the table cast up), against a bfloat16 product whose
-result is cast to float32 for the softmax, the loss and the metrics (keras-hub's
-`ReversibleEmbedding`, tensor2tensor on TPU). The trainer's own model, loss, metrics,
-optimizer and batches (benchmarks.step_profile.trainer_setup), the same initial weights and
-the same batches both ways, trained in alternating rounds: step time and real target tokens/s
-(the speed half of the decision, which only a CPU with AMX or AVX512-BF16, or a GPU, can
-give), and the training loss over the same steps and a held-out loss after them (the
-numerics half, which any CPU can give, emulated).
+"""The output projection under mixed_bfloat16, both ways `SharedEmbedding.logits` computes
+it: a bfloat16 product whose result is cast to float32 for the softmax, the loss and the
+metrics (the default, as keras-hub's `ReversibleEmbedding` and tensor2tensor on TPU), against
+x W^T in float32 (`float32_product=True`: x cast up, what the decoding steps use and what
+training used before issue 22). The trainer's own model, loss, metrics, optimizer and batches
+(benchmarks.step_profile.trainer_setup), the same initial weights and the same batches both
+ways, trained in alternating rounds: step time and real target tokens/s (the speed half of
+the decision, which only a CPU with AMX or AVX512-BF16, or a GPU, can give), and the
+training loss over the same steps and a held-out loss after them (the numerics half, which
+any CPU can give, emulated).
 
     python -m benchmarks.logits_precision [--corpus news|sample] [--steps 40] [--rounds 2]
         [--out benchmarks/results/logits_precision_<corpus>.json]
 """
 
 import argparse
+import functools
 import os
 import statistics
 import time
-import types
 
 from benchmarks.end_to_end import NEWS_DIR, hardware
-
-
-def bfloat16_logits(self, x):
-    """x [B, T, d_model] -> logits [B, T, vocab_size] in float32, from a product in the
-    compute dtype (the table cast down, the result cast up)."""
-    from keras import ops
-
-    flat = ops.reshape(x, (-1, self.d_model))
-    logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, self.compute_dtype))
-    return ops.cast(ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size)), "float32")
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,8 +43,9 @@ def main(argv=None):
     for way in ("float32 product", "bfloat16 product"):
         keras.utils.set_random_seed(0)  # the same initial weights and dropout draws
         config, settings, model, batches = trainer_setup(corpus_args)
-        if way == "bfloat16 product":
-            model.embedding.logits = types.MethodType(bfloat16_logits, model.embedding)
+        if way == "float32 product":
+            model.embedding.logits = functools.partial(model.embedding.logits,
+                                                       float32_product=True)
         ways[way] = model
     total = args.steps * args.rounds
     fixed = list(batches.take(total + args.held_out).as_numpy_iterator())

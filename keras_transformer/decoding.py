@@ -150,7 +150,7 @@ def _next_log_probs(model, tokens, carried, fixed, index, memory, memory_mask, b
         hidden, _, weights = split_output(model.decoder(
             model.embedding(prefix[:, :index + 1]), memory, memory_mask=memory_mask,
             return_attention_scores=return_attention, training=False))
-        logits, carried = model.embedding.logits(hidden[:, -1]), prefix
+        logits, carried = model.embedding.logits(hidden[:, -1], float32_product=True), prefix
     else:
         logits, caches, weights = split_output(model.decode_step(
             tokens[:, None], decoding_cache.merged(carried, fixed), index, memory_mask,

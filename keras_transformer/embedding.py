@@ -86,9 +86,12 @@ class SharedEmbedding(keras.layers.Layer):
 
     Call: ids [B, T] int -> [B, T, d_model]; with `reverse=True` (keras-hub's
     `ReversibleEmbedding` convention), `logits`.
-    `logits(x)`: x [B, T, d_model] -> [B, T, vocab_size], x W^T (no bias), computed in
-    float32 whatever the compute dtype: under mixed precision the softmax, the loss and the
-    beam scores see full-precision logits, not bfloat16 values cast up.
+    `logits(x, float32_product=False)`: x [B, T, d_model] -> [B, T, vocab_size] float32,
+    x W^T (no bias). The product runs in the compute dtype (under mixed_bfloat16 a bfloat16
+    matmul that accumulates in float32, as keras-hub's `ReversibleEmbedding` and tensor2tensor
+    on TPU do) and is cast to float32 for the softmax and the loss; `float32_product=True`
+    multiplies in float32 instead (x cast up, the table as stored), for the decoding steps:
+    full-precision beam scores, and no pass over the [V, d] table to cast it at each step.
     """
 
     def __init__(self, vocab_size, d_model, **kwargs):
@@ -112,13 +115,14 @@ class SharedEmbedding(keras.layers.Layer):
         return ops.cast(rows, self.compute_dtype) * ops.cast(math.sqrt(self.d_model),
                                                              self.compute_dtype)
 
-    def logits(self, x):
+    def logits(self, x, float32_product=False):
         """x [B, T, d_model] -> logits [B, T, vocab_size] in float32 (x W^T, no bias)."""
+        dtype = "float32" if float32_product else self.compute_dtype
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
-        flat = ops.cast(ops.reshape(x, (-1, self.d_model)), "float32")
+        flat = ops.cast(ops.reshape(x, (-1, self.d_model)), dtype)
         # An einsum, so that no backend is asked for an explicit transpose of the [V, d] table.
-        logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, "float32"))
-        return ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size))
+        logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, dtype))
+        return ops.cast(ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size)), "float32")
 
     def compute_output_shape(self, input_shape, reverse=False):
         if reverse:

@@ -115,7 +115,9 @@ class Transformer(keras.Model):
         hidden, cache, weights = split_output(self.decoder(
             self.embedding(token_ids), None, memory_mask=memory_mask, cache=cache,
             cache_index=index, return_attention_scores=return_attention_scores, training=False))
-        return layer_output(self.embedding.logits(hidden)[:, -1], cache=cache, weights=weights)
+        # Decoding scores from a float32 product (`SharedEmbedding.logits`).
+        logits = self.embedding.logits(hidden, float32_product=True)[:, -1]
+        return layer_output(logits, cache=cache, weights=weights)
 
     def compile(self, optimizer="rmsprop", *args, auto_scale_loss=True, **kwargs):
         """`keras.Model.compile`; under `mixed_float16` the optimizer is wrapped in a

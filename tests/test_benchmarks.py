@@ -40,24 +40,3 @@ def test_training_flops_follow_the_printed_formula():
     per_target = layers * (12 * d * d + 4 * d * f + 4 * target * d + 4 * source * d) + 2 * d * vocab
     expected = 3 * batch * (source * per_source + target * per_target)
     assert step_flops(config, batch, source, target) == expected
-
-
-def test_bfloat16_logits_product_matches_numpy():
-    """benchmarks.logits_precision's other way: float32 logits of a bfloat16 product, within
-    bfloat16's rounding of the NumPy product."""
-    import keras
-    import numpy as np
-
-    from benchmarks.logits_precision import bfloat16_logits
-    from keras_transformer.embedding import SharedEmbedding
-
-    layer = SharedEmbedding(50, 16, dtype="mixed_bfloat16")
-    layer.build()
-    x = np.random.default_rng(0).normal(size=(2, 3, 16)).astype("float32")
-    logits = bfloat16_logits(layer, keras.ops.cast(x, "bfloat16"))
-    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
-    expected = x @ keras.ops.convert_to_numpy(layer.embeddings).T
-    scale = np.abs(x) @ np.abs(keras.ops.convert_to_numpy(layer.embeddings)).T
-    error = np.abs(keras.ops.convert_to_numpy(logits) - expected)
-    assert logits.shape == (2, 3, 50) and np.all(error <= 3 * 2.0**-8 * scale + 1e-6)
-    assert np.any(error > 1e-6)  # the product really was rounded to bfloat16
