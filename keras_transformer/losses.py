@@ -1,4 +1,7 @@
-"""The label-smoothed cross-entropy of §5.4 and a masked token accuracy."""
+"""The label-smoothed cross-entropy of §5.4, and per-token metrics: accuracy and perplexity."""
+
+import contextlib
+import contextvars
 
 import keras
 from keras import ops
@@ -86,18 +89,41 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
                 "pad_id": self.pad_id}
 
 
+_IN_TRAINING_STEP = contextvars.ContextVar("keras_transformer_training_step", default=False)
+
+
+@contextlib.contextmanager
+def training_step():
+    """Marks what runs inside (and is traced inside) as a training step, for the metrics made
+    with `in_training=False` (`Transformer.train_step` enters it)."""
+    token = _IN_TRAINING_STEP.set(True)
+    try:
+        yield
+    finally:
+        _IN_TRAINING_STEP.reset(token)
+
+
 class RealTokenMean(keras.metrics.Metric):
     """The mean of a per-token value over the real (non-padding) target tokens of every batch
     seen, summed over replicas; subclasses give `token_values(y_true, y_pred)` [batch, length]
-    and may transform the mean in `finish`."""
+    and may transform the mean in `finish`.
 
-    def __init__(self, pad_id=0, name=None, **kwargs):
+    `in_training=False` makes it an evaluation metric: training steps (inside
+    `training_step()`) leave it alone and `Transformer` leaves it out of their logs, so that
+    `fit` does not pay a pass over the [tokens, vocabulary] logits for it at every step, while
+    `evaluate` (and the validation during `fit`) reports it as usual.
+    """
+
+    def __init__(self, pad_id=0, name=None, in_training=True, **kwargs):
         super().__init__(name=name, **kwargs)
         self.pad_id = pad_id
+        self.in_training = in_training
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
+        if not self.in_training and _IN_TRAINING_STEP.get():
+            return
         y_true = ops.cast(y_true, "int32")
         real = ops.cast(padding_mask(y_true, self.pad_id), "float32")
         self.total.assign_add(ops.sum(self.token_values(y_true, y_pred) * real))
@@ -115,7 +141,7 @@ class RealTokenMean(keras.metrics.Metric):
         self.count.assign(0.0)
 
     def get_config(self):
-        return {**super().get_config(), "pad_id": self.pad_id}
+        return {**super().get_config(), "pad_id": self.pad_id, "in_training": self.in_training}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

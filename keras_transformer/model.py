@@ -7,7 +7,7 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
-from keras_transformer.losses import global_sum
+from keras_transformer.losses import global_sum, training_step
 from keras_transformer.masks import padding_mask
 from keras_transformer.optimizer import TokenWeightedLossScaleOptimizer, unwrapped
 from keras_transformer.outputs import layer_output, split_output
@@ -139,7 +139,19 @@ class Transformer(keras.Model):
             labels = data[1]
             real = ops.sum(ops.cast(self.padding_mask(labels), "float32"))
             optimizer.micro_batch_tokens = global_sum(real)
-        return _reducible_across_workers(super().train_step(*args))
+        with training_step():
+            result = super().train_step(*args)
+        if keras.backend.backend() == "jax":
+            logs, state = result
+            return self._training_logs(logs), state
+        return _reducible_across_workers(self._training_logs(result))
+
+    def _training_logs(self, logs):
+        """The step's logs without the metrics made with `in_training=False` (not updated in
+        training steps, so their values would be stale)."""
+        metrics = getattr(self._compile_metrics, "metrics", None) or []
+        left_out = {m.name for m in metrics if getattr(m, "in_training", True) is False}
+        return {name: value for name, value in logs.items() if name not in left_out}
 
     def test_step(self, *args):
         return _reducible_across_workers(super().test_step(*args))

@@ -258,3 +258,25 @@ def test_gradient_accumulation_weights_every_token_equally(rng, precision):
     else:
         assert relative_error(accumulated) < 0.005
     assert relative_error(averaged) > 0.05
+
+
+def test_evaluation_only_metrics_skip_training_steps(rng):
+    """Issue 22: a metric made with `in_training=False` is left alone by `fit`'s steps and out
+    of their logs, while one made with True is there; `evaluate` reports it, equal to a NumPy
+    perplexity of the model's own logits."""
+    model = kt.Transformer(small_config(dropout=0.0))
+    inputs = {"source_ids": random_ids(rng, 4, 6, 50), "target_ids": random_ids(rng, 4, 5, 50)}
+    labels = np.roll(inputs["target_ids"], -1, axis=1)
+    model.compile(optimizer="adam", loss=kt.LabelSmoothedCrossEntropy(0.1),
+                  metrics=[kt.Perplexity(in_training=False), kt.MaskedTokenAccuracy()])
+    history = model.fit(inputs, labels, batch_size=2, epochs=1, verbose=0).history
+    assert "token_accuracy" in history and "perplexity" not in history
+    perplexity = model._compile_metrics.metrics[0]
+    assert float(perplexity.count.numpy()) == 0.0  # never updated by a training step
+
+    result = model.evaluate(inputs, labels, batch_size=4, verbose=0, return_dict=True)
+    logits = model(inputs).numpy().astype(np.float64)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_p, labels[..., None], -1)[..., 0][labels != 0]
+    np.testing.assert_allclose(result["perplexity"], np.exp(nll.mean()), rtol=1e-4)
+    assert kt.Perplexity.from_config(perplexity.get_config()).in_training is False

@@ -144,6 +144,10 @@ class RunSettings:
     checkpoint_every_minutes: float = flag(
         TRAINING, "also checkpoint every M minutes (the paper: 10)", 10.0)
     keep_checkpoints: int = flag(TRAINING, "checkpoints kept in model_dir/checkpoints", 20)
+    train_metrics: bool = flag(
+        TRAINING, "also compute token accuracy and perplexity on every training batch (a pass "
+        "over the [tokens, vocabulary] logits each); the validation reports them either way",
+        False)
     verbose: int = flag(
         TRAINING, "Keras progress: 1 a bar (default on a terminal), 2 a line per backup "
         "interval (default otherwise)", choices=(0, 1, 2), run_only=True)

@@ -116,13 +116,15 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
 def compiled_model(settings, config, schedule, strategy):
     """The Transformer, its optimizer (§5.3), loss (§5.4) and metrics, built in `strategy`."""
     accumulation = settings.grad_accum if settings.grad_accum > 1 else None
+    in_training = settings.train_metrics  # else validation only: they cost a pass over the logits
     with strategy.scope():
         model = kt.Transformer(config)
         model.build()
         model.compile(optimizer=kt.make_optimizer(schedule,
                                                   gradient_accumulation_steps=accumulation),
                       loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
-                      metrics=[kt.MaskedTokenAccuracy(config.pad_id), kt.Perplexity(config.pad_id),
+                      metrics=[kt.MaskedTokenAccuracy(config.pad_id, in_training=in_training),
+                               kt.Perplexity(config.pad_id, in_training=in_training),
                                TargetTokens(config.pad_id)],
                       jit_compile=settings.jit_compile,
                       steps_per_execution=settings.steps_per_execution)
