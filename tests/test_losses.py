@@ -55,6 +55,35 @@ def test_label_smoothing_gradient_is_softmax_minus_smoothed_target(rng, cross_en
         np.testing.assert_allclose(tape.gradient(dense, logits), expected, atol=1e-6)
 
 
+def test_cross_entropy_takes_bfloat16_logits_and_any_batch_shape(rng):
+    """The loss on bfloat16 logits, as mixed_bfloat16 training may give them: float32 losses
+    as NumPy computes them from the same bfloat16 values, and a bfloat16 gradient within
+    bfloat16 rounding of softmax - t, for two batch shapes in one traced function."""
+    eps = 0.1
+
+    @tf.function
+    def loss_and_gradient(labels, logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = tf.reduce_sum(kt.losses.smoothed_cross_entropy(labels, logits, eps))
+        return kt.losses.smoothed_cross_entropy(labels, logits, eps), tape.gradient(loss, logits)
+
+    for batch, length in [(3, 5), (2, 7)]:
+        labels = random_ids(rng, batch, length, 17)
+        logits = tf.cast(rng.normal(size=(batch, length, 17)) * 3, tf.bfloat16)
+        losses, gradient = loss_and_gradient(tf.constant(labels), logits)
+        z = tf.cast(logits, tf.float32).numpy().astype(np.float64)
+        expected, _ = numpy_label_smoothing(labels, z, eps, pad_id=-1)
+        assert losses.dtype == tf.float32 and gradient.dtype == tf.bfloat16
+        np.testing.assert_allclose(losses, expected, rtol=1e-5)
+        softmax = np.exp(z - z.max(-1, keepdims=True))
+        softmax /= softmax.sum(-1, keepdims=True)
+        target = np.full(z.shape, eps / 17)
+        np.put_along_axis(target, labels[..., None], 1 - eps + eps / 17, axis=-1)
+        np.testing.assert_allclose(tf.cast(gradient, tf.float32), softmax - target,
+                                   atol=2e-3, rtol=1e-2)
+
+
 def test_without_smoothing_equals_keras_sparse_cross_entropy(rng):
     labels = random_ids(rng, 4, 6, 11)
     logits = rng.normal(size=(4, 6, 11)).astype(np.float32)
