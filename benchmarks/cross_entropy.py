@@ -80,9 +80,11 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(size=(args.tokens, args.vocab)).astype(np.float32))
     labels = tf.constant(rng.integers(0, args.vocab, args.tokens).astype(np.int32))
+    from benchmarks.end_to_end import VECTOR_FLAGS
     from trainers.precision import cpu_flags, cpu_model
 
-    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    present = cpu_flags()
+    flags = [flag for flag in VECTOR_FLAGS if flag in present]
     print(f"CPU: {cpu_model()} ({' '.join(flags)}); "
           f"loss and gradient, {args.tokens} tokens x {args.vocab}, median of 2 rounds of "
           f"{args.repeats}")

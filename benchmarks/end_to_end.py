@@ -61,6 +61,10 @@ def news_corpus(directory):
     return files
 
 
+# The CPU flags that decide matmul speed and what --precision auto picks, printed beside figures.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
 def hardware():
     """CPU model, its flags that matter for matmul speed, and the float32 matmul peak."""
     from benchmarks.training import matmul_peak
@@ -69,9 +73,8 @@ def hardware():
     import tensorflow as tf
 
     flags = cpu_flags()
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
     return {"cpu": cpu_model(), "cores": os.cpu_count(),
-            "flags": [f for f in wanted if f in flags],
+            "flags": [f for f in VECTOR_FLAGS if f in flags],
             "matmul_peak_gflops_float32": matmul_peak(tf.float32),
             "tensorflow": tf.__version__}
 
