@@ -158,12 +158,16 @@ class TranslationModule(tf.Module):
         return {"translations": translations[:, 0], "scores": scores[:, 0],
                 "nbest_translations": translations, "nbest_scores": scores}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    # No autograph: the signatures' loops and branches are tf.while_loop and tf.cond already,
+    # and converting them only slows the export.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
+                 autograph=False)
     def serving_default(self, inputs):
         return self.translate(inputs, self.beam_size, self.alpha, self.max_extra)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")] + [
-        tf.TensorSpec(None, dtype, name=name) for name, dtype in OPTION_DTYPES.items()])
+        tf.TensorSpec(None, dtype, name=name) for name, dtype in OPTION_DTYPES.items()],
+        autograph=False)
     def translate_with_options(self, inputs, beam_size, alpha, max_extra, num_return):
         rows = tf.shape(inputs)[0]
         options = dict(beam_size=beam_size, alpha=alpha, max_extra=max_extra,
@@ -196,7 +200,8 @@ class TranslationModule(tf.Module):
         options["max_extra"] = tf.minimum(options["max_extra"], self.model.config.max_length - 1)
         return self.translate_per_row(inputs, options)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
+                 autograph=False)
     def translate_ids(self, source_ids):
         # Like the string signatures: a source longer than max_input_length keeps its first
         # pieces and still ends with EOS; an empty (all-padding) row gives an empty result.

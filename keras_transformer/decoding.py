@@ -103,9 +103,11 @@ def _traced(search, model, settings):
     import tensorflow as tf
 
     if key not in functions:
+        # autograph=False: each search is one keras.ops.while_loop already, so converting
+        # its Python would only add tracing time.
         functions[key] = tf.function(
             lambda ids, given: search(model_ref(), ids, **fixed, **given),
-            jit_compile=fixed["jit_compile"], reduce_retracing=True)
+            jit_compile=fixed["jit_compile"], reduce_retracing=True, autograph=False)
     return lambda ids: functions[key](ids, tensors)
 
 

@@ -33,10 +33,12 @@ class Translator:
         self.max_input_length = source_length_limit(model.config.max_length, max_extra,
                                                     max_input_length)
         # One trace for every batch shape; XLA compiles a fixed shape, so with it the padded
-        # widths below keep the traces few.
-        self._decode = (tf.function(self._decode_batch, jit_compile=True, reduce_retracing=True)
+        # widths below keep the traces few. No autograph: each search is one
+        # keras.ops.while_loop already (decoding.py), and converting it only slows the trace.
+        self._decode = (tf.function(self._decode_batch, jit_compile=True, reduce_retracing=True,
+                                    autograph=False)
                         if jit_compile else
-                        tf.function(self._decode_batch,
+                        tf.function(self._decode_batch, autograph=False,
                                     input_signature=[tf.TensorSpec([None, None], tf.int32)]))
 
     def _decode_batch(self, source_ids):
