@@ -5,7 +5,7 @@ figures, the CPU time each run used and its test BLEU.
 
     git worktree add /tmp/old <commit>
     python -m benchmarks.quick_start --trees /tmp/old,. [--repeats 1] [--precision auto]
-        [--out benchmarks/results/quick_start_<precision>.json]
+        [--out benchmarks/results/quick_start_<precision>.json] [--logs DIR]
 
 Phases, from the moment each line of the run's output appears: start (to Keras' first "Epoch"
 line: imports, vocabulary, model), training (to "trained to step": the steps, with the BLEU
@@ -32,8 +32,9 @@ MARKS = (("start", re.compile(r"^Epoch 1/")), ("training", re.compile(r"^trained
          ("test", re.compile(r"^test: BLEU")))
 
 
-def run_once(tree, precision):
-    """Runs the quick start from `tree` in a fresh folder; returns its figures."""
+def run_once(tree, precision, log_path=None):
+    """Runs the quick start from `tree` in a fresh folder; returns its figures. With
+    `log_path`, writes the run's output there, each line after its time in the run."""
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(tree).resolve()),
            "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     flags = [] if precision is None else ["--precision", precision]
@@ -42,15 +43,18 @@ def run_once(tree, precision):
         began = time.monotonic()
         process = subprocess.Popen([sys.executable, *COMMAND, *flags], cwd=folder, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        marks, lines = {}, []
+        marks, lines, stamped = {}, [], []
         for line in process.stdout:
             lines.append(line)
+            stamped.append(f"{time.monotonic() - began:7.1f} {line}")
             for name, pattern in MARKS:
                 if name not in marks and pattern.search(line):
                     marks[name] = time.monotonic() - began
         if process.wait():
             raise SystemExit(f"{tree}: the quick start failed:\n{''.join(lines[-20:])}")
         total = time.monotonic() - began
+    if log_path is not None:
+        pathlib.Path(log_path).write_text("".join(stamped))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     text = "".join(lines)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -105,6 +109,8 @@ def main(argv=None):
     parser.add_argument("--precision", default=None,
                         help="passed to the trainer (default: the README's, auto)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--logs", default=None,
+                        help="a folder for each run's output, its lines timed")
     args = parser.parse_args(argv)
     from benchmarks.end_to_end import hardware
 
@@ -113,7 +119,11 @@ def main(argv=None):
     runs = []
     for round_ in range(args.repeats):
         for tree in trees if round_ % 2 == 0 else trees[::-1]:
-            runs.append(run_once(tree, args.precision))
+            log_path = None
+            if args.logs:
+                pathlib.Path(args.logs).mkdir(parents=True, exist_ok=True)
+                log_path = pathlib.Path(args.logs) / f"{len(runs) + 1}-{commit(tree)}.log"
+            runs.append(run_once(tree, args.precision, log_path))
             print(runs[-1], flush=True)
     out = args.out or f"benchmarks/results/quick_start_{args.precision or 'auto'}.json"
     save(out, {"machine": machine, "runs": runs}, table(runs, machine))

@@ -118,8 +118,15 @@ class TranslationModule(tf.Module):
         flat = tf.reshape(sequences, [shape[0] * shape[1], shape[2]])
         return tf.reshape(self._tokenizer.detokenize(flat), shape[:2])
 
-    def translate(self, texts, beam_size, alpha, max_extra):
-        sequences, scores = self.search(self.encode(texts), beam_size, alpha, max_extra)
+    # One trace of the search at the export's options, called by serving_default and
+    # translate_ids alike (each signature would otherwise trace the whole search again).
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
+    def search_at_export_options(self, source_ids):
+        """[N, S] ids -> (ids [N, 1, L], scores [N, 1]) at beam_size, alpha and max_extra."""
+        return self.search(source_ids, self.beam_size, self.alpha, self.max_extra)
+
+    def translate(self, texts):
+        sequences, scores = self.search_at_export_options(self.encode(texts))
         translations = self.detokenize(sequences)[:, 0]
         blank = tf.equal(tf.strings.strip(texts), "")
         return {"translations": tf.where(blank, "", translations),
@@ -163,7 +170,7 @@ class TranslationModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
                  autograph=False)
     def serving_default(self, inputs):
-        return self.translate(inputs, self.beam_size, self.alpha, self.max_extra)
+        return self.translate(inputs)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")] + [
         tf.TensorSpec(None, dtype, name=name) for name, dtype in OPTION_DTYPES.items()],
@@ -218,7 +225,7 @@ class TranslationModule(tf.Module):
         cut = source_ids[:, :self.max_input_length]
         last = tf.equal(tf.range(tf.shape(cut)[1]), self.max_input_length - 1)
         cut = tf.where((lengths > self.max_input_length)[:, None] & last[None], EOS_ID, cut)
-        sequences, scores = self.search(cut, self.beam_size, self.alpha, self.max_extra)
+        sequences, scores = self.search_at_export_options(cut)
         empty = tf.equal(lengths, 0)
         return {"sequences": tf.where(empty[:, None], pad, sequences[:, 0]),
                 "scores": tf.where(empty, 0.0, scores[:, 0])}

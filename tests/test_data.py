@@ -264,13 +264,16 @@ def expected_rows(tokenizer, pairs, max_length):
     return result
 
 
-def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer):
+@pytest.mark.parametrize("batching,window", [("packed", None), ("mixed", 3)])
+def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer, batching, window):
+    """Every pair within the limit comes out once, as each string tokenized alone gives it;
+    windows of 3 pairs (tokenized together) include some with no pair within the limit."""
     pairs = sample_corpus.sample_pairs("validation")
     max_length, budget = 14, 300
     stats = pipeline.PipelineStats()
     dataset = pipeline.make_dataset(corpora.sample_dataset("validation"), tokenizer,
                                     batch_tokens=budget, max_length=max_length, seed=3,
-                                    stats=stats)
+                                    stats=stats, batching=batching, window=window)
     seen = collections.Counter()
     for batch in dataset.as_numpy_iterator():
         inputs, labels = batch

@@ -60,10 +60,17 @@ def deterministic_options():
 
 
 def distribution_options():
-    """tf.data options for the dataset Keras distributes: each worker reads its own share."""
+    """tf.data options for the datasets Keras distributes (training, validation): each
+    worker reads its own share, and nothing is autotuned."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
+    # Keras deletes these datasets' iterators when `fit` ends, and with autotuning on the
+    # deletion waits for tf.data's tuning thread, which can sleep for up to a minute while
+    # the run stands still. (tf.distribute's per-device iterators are autotuned whatever
+    # these say.) The training dataset only relays the batches of the resumable iterator,
+    # whose own pipeline stays autotuned; validation is a few batches.
+    options.autotune.enabled = False
     return options
 
 

@@ -79,24 +79,30 @@ class PipelineStats:
         return {"kept": int(self.kept.numpy()), "too_long": int(self.too_long.numpy())}
 
 
-def encode_pairs(pairs, tokenizer, max_length, stats=None):
-    """(source, target) strings -> ({"source_ids", "target_ids"}, labels) 1-D rows,
-    dropping (and counting) pairs whose source + EOS or target + EOS exceed `max_length`."""
+def encode_pairs(pairs, tokenizer, max_length, window, stats=None):
+    """(source, target) strings -> windows of up to `window` encoded pairs, in their order:
+    ({"source_ids", "target_ids"}, labels), each a tf.RaggedTensor [n, None], dropping (and
+    counting) pairs whose source + EOS or target + EOS exceed `max_length`. A window is
+    tokenized in one call: per pair, tf.data's overhead cost more than the tokenizer."""
 
-    def tokenize(source, target):
-        source_ids, target_ids = tokenizer.tokenize(source), tokenizer.tokenize(target)
-        inputs = {"source_ids": tf.concat([source_ids, [EOS_ID]], axis=0),
-                  "target_ids": tf.concat([[BOS_ID], target_ids], axis=0)}
-        return inputs, tf.concat([target_ids, [EOS_ID]], axis=0)
-
-    def fits(inputs, labels):
-        ok = (tf.size(inputs["source_ids"]) <= max_length) & (tf.size(labels) <= max_length)
+    def encode(sources, targets):
+        source_ids, target_ids = tokenizer.tokenize(sources), tokenizer.tokenize(targets)
+        column = tf.ones_like(source_ids.row_lengths(), tf.int32)[:, None]
+        eos = tf.RaggedTensor.from_tensor(column * EOS_ID)
+        inputs = {"source_ids": tf.concat([source_ids, eos], axis=1),
+                  "target_ids": tf.concat([tf.RaggedTensor.from_tensor(column * BOS_ID),
+                                           target_ids], axis=1)}
+        labels = tf.concat([target_ids, eos], axis=1)
+        fits = ((inputs["source_ids"].row_lengths() <= max_length)
+                & (labels.row_lengths() <= max_length))
         if stats is not None:
-            stats.kept.assign_add(tf.cast(ok, tf.int64))
-            stats.too_long.assign_add(tf.cast(~ok, tf.int64))
-        return ok
+            kept = tf.reduce_sum(tf.cast(fits, tf.int64))
+            stats.kept.assign_add(kept)
+            stats.too_long.assign_add(tf.size(fits, tf.int64) - kept)
+        return ({name: tf.ragged.boolean_mask(ids, fits) for name, ids in inputs.items()},
+                tf.ragged.boolean_mask(labels, fits))
 
-    return pairs.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).filter(fits)
+    return pairs.batch(window).map(encode, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None, sort=True):
@@ -240,9 +246,10 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
             part-filled batch.
         input_context: a `tf.distribute.InputContext`; each worker reads its own shard.
         stats: a `PipelineStats` to count kept and over-long pairs.
-        window: pairs sorted and packed together in dynamic mode (default: enough for about
-            64 full batches of pairs of 8 pieces, at least 8,192), or placed in rows together
-            by "concat" (default: max(1,024, batch_tokens / 8)).
+        window: pairs tokenized together, then sorted and packed together in dynamic mode
+            (default: enough for about 64 full batches of pairs of 8 pieces, at least
+            8,192), or placed in rows together by "concat" (default: max(1,024,
+            batch_tokens / 8)); static mode tokenizes 1,024 at a time by default.
         pad_id: the id that pads batches (the model's `config.pad_id`).
         batching: in dynamic mode, "packed" sorts each window by target length (batches of
             one length, nearly no padding); "mixed" packs pairs in their shuffled order
@@ -261,9 +268,8 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         pairs = pairs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         pairs = pairs.repeat()
-    dataset = encode_pairs(pairs, tokenizer, max_length, stats)
-    dataset = _batched(dataset, batching, static, batch_tokens, max_length, num_replicas,
-                       window, source_tokens, pad_id, row_length, keep_remainder)
+    dataset = _batched(pairs, tokenizer, stats, batching, static, batch_tokens, max_length,
+                       num_replicas, window, source_tokens, pad_id, row_length, keep_remainder)
     if shuffle:
         # Batches are shuffled across several windows: a "packed" window (sorted by length)
         # makes about 64 batches, a "concat" one (rows of already shuffled pairs) a few. The
@@ -285,13 +291,14 @@ def _check_budget(batch_tokens, max_length, batching, row_length):
                           f"{max_length}) and fit in batch_tokens={batch_tokens}.")
 
 
-def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, window,
-             source_tokens, pad_id, row_length, keep_remainder):
-    """Encoded pairs -> batches, as `make_dataset`'s arguments of the same names say."""
+def _batched(pairs, tokenizer, stats, batching, static, batch_tokens, max_length,
+             num_replicas, window, source_tokens, pad_id, row_length, keep_remainder):
+    """String pairs -> encoded batches, as `make_dataset`'s arguments of the same names say."""
     drop = static and not keep_remainder
     if batching == "concat":
         window = window or max(1024, batch_tokens // 8)
-        dataset = dataset.ragged_batch(window).flat_map(_concatenated_rows(row_length, pad_id))
+        dataset = encode_pairs(pairs, tokenizer, max_length, window, stats)
+        dataset = dataset.flat_map(_concatenated_rows(row_length, pad_id))
         rows = batch_tokens // row_length
         if static:  # fixed shapes, the batch divisible by the replicas
             rows = max(rows // num_replicas, 1) * num_replicas
@@ -299,6 +306,10 @@ def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, 
         return dataset.map(_rows_padded_to([row_length], [rows], pad_id)) if static and not drop \
             else dataset
     if static:
+        # One pair per element again; the identity map turns the rows of a ragged window
+        # (ragged specs of rank 0) into the plain tensors that bucketing pads.
+        dataset = encode_pairs(pairs, tokenizer, max_length, window or 1024, stats).unbatch()
+        dataset = dataset.map(lambda inputs, labels: (inputs, labels))
         boundaries = bucket_boundaries(max_length)
         sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
 
@@ -313,7 +324,7 @@ def _batched(dataset, batching, static, batch_tokens, max_length, num_replicas, 
         return dataset
     window = window or max(8192, 64 * batch_tokens // 8)
     source_tokens = source_tokens or batch_tokens * 3 // 2
-    return dataset.ragged_batch(window).flat_map(
+    return encode_pairs(pairs, tokenizer, max_length, window, stats).flat_map(
         _packed_batches(batch_tokens, source_tokens, pad_id, sort=batching == "packed"))
 
 
