@@ -20,5 +20,7 @@ class Dropout(keras.layers.Dropout):
             return super().call(inputs, training=training)
         uniform = keras.random.uniform(ops.shape(inputs), dtype="float32",
                                        seed=self.seed_generator)
-        scaled = inputs * ops.cast(1.0 / (1.0 - self.rate), inputs.dtype)
-        return ops.where(uniform >= self.rate, scaled, ops.zeros_like(inputs))
+        # One product with a 0 or 1 / (1 - rate) mask: the same numbers as selecting between
+        # the scaled inputs and zeros, with one op fewer forward and one product backward.
+        keep = ops.cast(uniform >= self.rate, inputs.dtype)
+        return inputs * (keep * ops.cast(1.0 / (1.0 - self.rate), inputs.dtype))

@@ -67,11 +67,28 @@ def distribution_options():
     options.deterministic = True
     # Keras deletes these datasets' iterators when `fit` ends, and with autotuning on the
     # deletion waits for tf.data's tuning thread, which can sleep for up to a minute while
-    # the run stands still. (tf.distribute's per-device iterators are autotuned whatever
-    # these say.) The training dataset only relays the batches of the resumable iterator,
-    # whose own pipeline stays autotuned; validation is a few batches.
+    # the run stands still (tf.distribute's per-device iterators are autotuned whatever
+    # these say: see `distributed`). The training dataset only relays the batches of the
+    # resumable iterator, whose own pipeline stays autotuned; validation is a few batches.
     options.autotune.enabled = False
     return options
+
+
+def distributed(dataset, strategy):
+    """`dataset` (with `distribution_options`) as `model.fit` should receive it under
+    `strategy`. One replica on the CPU reads it through its own iterator (one dataset per
+    replica, left on the host): else tf.distribute wraps it in a multi-device iterator whose
+    per-device iterators are autotuned whatever the dataset's options say, and deleting those
+    when `fit` ends can wait on tf.data's tuning thread for many seconds."""
+    dataset = dataset.with_options(distribution_options())
+    devices = strategy.extended.worker_devices
+    if (not isinstance(strategy, tf.distribute.MirroredStrategy) or len(devices) != 1
+            or tf.DeviceSpec.from_string(devices[0]).device_type != "CPU"):
+        return dataset
+    return strategy.distribute_datasets_from_function(
+        lambda _: dataset, tf.distribute.InputOptions(
+            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+            experimental_fetch_to_device=False))
 
 
 def training_batches(settings, config, tokenizer, num_replicas, static, stats):
@@ -102,8 +119,7 @@ def validation_batches(settings, config, tokenizer, num_replicas, static):
     # Counted once, so that Keras knows where the split ends (else it warns that the input
     # "ran out of data" at every validation).
     count = int(dataset.reduce(0, lambda count, _: count + 1))
-    return (dataset.apply(tf.data.experimental.assert_cardinality(count))
-            .with_options(distribution_options()))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
 
 
 def log_skipped():

@@ -176,10 +176,12 @@ def train(settings, config, strategy, tokenizer, model_dir):
             done = epochs
     if done < epochs:
         validation = run_data.validation_batches(settings, config, tokenizer, replicas, static)
+        if validation is not None:
+            validation = run_data.distributed(validation, strategy)
         callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
                                    resumable_input, validation is not None, budget)
         start = time.monotonic()
-        model.fit(resumable_input.dataset.with_options(run_data.distribution_options()),
+        model.fit(run_data.distributed(resumable_input.dataset, strategy),
                   epochs=epochs, initial_epoch=done,
                   steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
                   verbose=settings.verbose, shuffle=False, validation_data=validation,
