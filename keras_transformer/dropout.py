@@ -21,6 +21,6 @@ class Dropout(keras.layers.Dropout):
         uniform = keras.random.uniform(ops.shape(inputs), dtype="float32",
                                        seed=self.seed_generator)
         # One product with a 0 or 1 / (1 - rate) mask: the same numbers as selecting between
-        # the scaled inputs and zeros, with one op fewer forward and one product backward.
+        # the scaled inputs and zeros, and one product backward where that took a select too.
         keep = ops.cast(uniform >= self.rate, inputs.dtype)
         return inputs * (keep * ops.cast(1.0 / (1.0 - self.rate), inputs.dtype))

@@ -601,17 +601,19 @@ def test_resumable_input_continues_the_stream_a_distributed_reader_read_ahead(tm
     np.testing.assert_array_equal(resumed, expected[20:30])
 
 
-@pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
+@pytest.mark.parametrize("devices", [None, ["/cpu:0"], ["/cpu:0", "/cpu:1"]])
 def test_fit_reads_the_distributed_batches_in_order(devices):
-    """`run_data.distributed`, as the trainer hands its datasets to `fit`: with one CPU replica
-    a dataset read through its own iterator, with two tf.distribute's split of each batch;
-    either way `fit` trains on the dataset's batches, in order, each row once."""
+    """`run_data.distributed`, as the trainer hands its datasets to `fit`: under the default
+    strategy (devices None) the dataset itself, with one CPU replica a dataset read through its
+    own iterator, with two tf.distribute's split of each batch; either way `fit` trains on the
+    dataset's batches, in order, each row once."""
     import keras
     import tensorflow as tf
 
     from trainers import run_data
 
-    strategy = tf.distribute.MirroredStrategy(devices)
+    strategy = tf.distribute.MirroredStrategy(devices) if devices else tf.distribute.get_strategy()
+    replicas = len(devices or [None])
     dataset = tf.data.Dataset.range(48).batch(4).map(lambda x: ({"x": x}, x))
     seen = []
 
@@ -628,9 +630,9 @@ def test_fit_reads_the_distributed_batches_in_order(devices):
         model.compile(run_eagerly=True)
     model.fit(run_data.distributed(dataset, strategy), epochs=2, steps_per_epoch=6, verbose=0)
     rows = np.concatenate(seen)
-    assert len(seen) == 12 * len(devices)
+    assert len(seen) == 12 * replicas
     # Two replicas run each step in two threads, which may append in either order.
-    np.testing.assert_array_equal(rows if len(devices) == 1 else np.sort(rows), np.arange(48))
+    np.testing.assert_array_equal(rows if replicas == 1 else np.sort(rows), np.arange(48))
 
 
 def test_best_checkpoint_keeps_the_best_step_and_survives_a_restart(tmp_path):

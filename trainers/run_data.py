@@ -81,9 +81,10 @@ def distributed(dataset, strategy):
     per-device iterators are autotuned whatever the dataset's options say, and deleting those
     when `fit` ends can wait on tf.data's tuning thread for many seconds."""
     dataset = dataset.with_options(distribution_options())
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return dataset  # the default strategy has no worker_devices
     devices = strategy.extended.worker_devices
-    if (not isinstance(strategy, tf.distribute.MirroredStrategy) or len(devices) != 1
-            or tf.DeviceSpec.from_string(devices[0]).device_type != "CPU"):
+    if len(devices) != 1 or tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
         return dataset
     return strategy.distribute_datasets_from_function(
         lambda _: dataset, tf.distribute.InputOptions(
