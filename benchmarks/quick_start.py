@@ -10,7 +10,9 @@ figures, the CPU time each run used and its test BLEU.
 Phases, from the moment each line of the run's output appears: start (to Keras' first "Epoch"
 line: imports, vocabulary, model), training (to "trained to step": the steps, with the BLEU
 and validation-loss evaluations during training), test (averaging and the beam search of the
-test split, to its "test:" line) and export (to the end). CPU use is the run's user + system
+test split, to its "test:" line) and export (to the end). The pause at the end of `fit` is the
+time from the last "backed up step" line to "trained to step" (tf.data iterators deleted there
+waited on a tuning thread, README). CPU use is the run's user + system
 time over its wall-clock times the cores. The vocabulary is the cached one (a machine's first
 run trains it, about 20 s more).
 """
@@ -43,10 +45,12 @@ def run_once(tree, precision, log_path=None):
         began = time.monotonic()
         process = subprocess.Popen([sys.executable, *COMMAND, *flags], cwd=folder, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        marks, lines, stamped = {}, [], []
+        marks, lines, stamped, last_backup = {}, [], [], None
         for line in process.stdout:
             lines.append(line)
             stamped.append(f"{time.monotonic() - began:7.1f} {line}")
+            if "training" not in marks and "backed up step" in line:
+                last_backup = time.monotonic() - began
             for name, pattern in MARKS:
                 if name not in marks and pattern.search(line):
                     marks[name] = time.monotonic() - began
@@ -63,6 +67,8 @@ def run_once(tree, precision, log_path=None):
                       [b - a for a, b in zip([0.0, *ends], ends)]))
     return {"tree": tree, "commit": commit(tree), "seconds": total,
             **{f"{name}_seconds": seconds for name, seconds in phases.items()},
+            "end_of_fit_pause_seconds": (None if last_backup is None
+                                         else marks["training"] - last_backup),
             "cpu_use": cpu / (total * os.cpu_count()),
             "tokens_per_second": float(re.search(r"trained to step \d+: ([\d,]+) real",
                                                  text)[1].replace(",", "")),
@@ -82,16 +88,21 @@ def commit(tree):
     return head + ("+" if dirty else "")
 
 
+def pause(run):
+    seconds = run.get("end_of_fit_pause_seconds")
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
 def table(runs, machine):
     header = (f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine['flags'])}; "
               f"TensorFlow {machine['tensorflow']}; `python -m {' '.join(COMMAND[1:])}`, cached "
               "vocabulary, one fresh folder per run, the trees run one after the other\n\n"
-              "| tree | precision | total | start | training | test (average, beam search) | "
-              "export | CPU use of 2 x wall | real target tok/s | test BLEU |\n"
-              "|---|---|---|---|---|---|---|---|---|---|")
+              "| tree | precision | total | start | training | pause at the end of fit | "
+              "test (average, beam search) | export | CPU use of 2 x wall | real target tok/s | "
+              "test BLEU |\n|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r['tree']} ({r['commit']}) | {r['precision']} | {r['seconds']:.0f} s | "
             f"{r['start_seconds']:.0f} s | {r['training_seconds']:.0f} s | "
-            f"{r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | "
+            f"{pause(r)} | {r['test_seconds']:.0f} s | {r['export_seconds']:.0f} s | "
             f"{100 * r['cpu_use']:.0f}% | {r['tokens_per_second']:,.0f} | {r['test_bleu']:.2f} |"
             for r in runs]
     base = [r["seconds"] for r in runs if r["tree"] == runs[0]["tree"]]
