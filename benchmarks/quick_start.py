@@ -47,13 +47,14 @@ def run_once(tree, precision, log_path=None):
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         marks, lines, stamped, last_backup = {}, [], [], None
         for line in process.stdout:
+            now = time.monotonic() - began
             lines.append(line)
-            stamped.append(f"{time.monotonic() - began:7.1f} {line}")
+            stamped.append(f"{now:7.1f} {line}")
             if "training" not in marks and "backed up step" in line:
-                last_backup = time.monotonic() - began
+                last_backup = now
             for name, pattern in MARKS:
                 if name not in marks and pattern.search(line):
-                    marks[name] = time.monotonic() - began
+                    marks[name] = now
         if process.wait():
             raise SystemExit(f"{tree}: the quick start failed:\n{''.join(lines[-20:])}")
         total = time.monotonic() - began
