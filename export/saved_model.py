@@ -46,8 +46,8 @@ import tensorflow_text as tf_text
 
 from export.serving_options import OPTION_DTYPES, OPTIONS
 from keras_transformer.config import ConfigError, source_length_limit
-from keras_transformer.decoding import beam_search, greedy_search
 from keras_transformer.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from keras_transformer.translator import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class TranslationModule(tf.Module):
     """The exported object: the model, the vocabulary asset and the serving functions."""
 
     def __init__(self, model, vocab_path, beam_size=4, alpha=0.6, max_extra=50,
-                 max_input_length=None, max_beam_size=16):
+                 max_input_length=None, max_beam_size=16, translator=None):
         super().__init__(name="translation")
         self.model = model
         # The vocabulary travels as an asset (assets/vocab.model) for clients that tokenize
@@ -71,7 +71,11 @@ class TranslationModule(tf.Module):
         proto = pathlib.Path(vocab_path).read_bytes()
         self.sentencepiece = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
         self._tokenizer = Tokenizer(proto, self.sentencepiece)
-        self._tokenizer.check_padding(model.config)
+        # The signatures call the Translator's traced searches: a Translator of `model` that
+        # has translated already (the final evaluation's) spares the export its traces.
+        if translator is not None and translator.model is not model:
+            raise ValueError("translator: a Translator of the exported model, or None.")
+        self._translator = translator or Translator(model, self._tokenizer)
         self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
         self.max_input_length = source_length_limit(model.config.max_length, max_extra,
                                                     max_input_length)
@@ -93,34 +97,17 @@ class TranslationModule(tf.Module):
         pieces = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
         return pieces.to_tensor(default_value=self.model.config.pad_id)
 
-    def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
-        """[N, S] ids -> the `num_return` best hypotheses: ids [N, num_return, L], scores.
-        A beam of 1 is greedy search (its score the sum of the log-probabilities), as in
-        `Translator` and CTranslate2."""
-        def greedy():
-            result = greedy_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                   max_extra=max_extra)
-            return result["sequences"][:, None], result["scores"][:, None]
-
-        def beam():
-            result = beam_search(self.model, source_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                 beam_size=beam_size, alpha=alpha, max_extra=max_extra,
-                                 num_return=num_return)
-            return result["sequences"], result["scores"]
-
-        if not tf.is_tensor(beam_size):
-            return greedy() if beam_size == 1 else beam()
-        return tf.cond(tf.equal(beam_size, 1), greedy, beam)
-
     def detokenize(self, sequences):
         """ids [N, K, L] -> strings [N, K]."""
         shape = tf.shape(sequences)
         flat = tf.reshape(sequences, [shape[0] * shape[1], shape[2]])
         return tf.reshape(self._tokenizer.detokenize(flat), shape[:2])
 
-    # One trace of the search at the export's options, called by serving_default and
-    # translate_ids alike (each signature would otherwise trace the whole search again).
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
+    def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
+        """[N, S] ids -> the `num_return` best hypotheses: ids [N, num_return, L], scores
+        [N, num_return] (`Translator.search`: a beam of 1 is greedy)."""
+        return self._translator.search(source_ids, beam_size, alpha, max_extra, num_return)
+
     def search_at_export_options(self, source_ids):
         """[N, S] ids -> (ids [N, 1, L], scores [N, 1]) at beam_size, alpha and max_extra."""
         return self.search(source_ids, self.beam_size, self.alpha, self.max_extra)
@@ -272,13 +259,15 @@ def write_warmup_requests(version_dir, model_name, examples):
 
 
 def export(model, vocab_path, export_dir, version=None, model_name="transformer",
-           warmup_examples=("Hello.",), **settings):
-    """Writes `<export_dir>/<version>/` and returns its path."""
+           warmup_examples=("Hello.",), translator=None, **settings):
+    """Writes `<export_dir>/<version>/` and returns its path. `translator`: a `Translator` of
+    `model` that has translated already, whose traced searches (and length penalty) the
+    signatures reuse; by default a new one."""
     version = version or next_version(export_dir)
     target = pathlib.Path(export_dir) / str(version)
     if target.exists():
         raise FileExistsError(f"{target} exists: choose another --version.")
-    module = TranslationModule(model, vocab_path, **settings)
+    module = TranslationModule(model, vocab_path, translator=translator, **settings)
     signatures = {name: getattr(module, name) for name in SIGNATURE_NAMES}
     staging = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)

@@ -32,16 +32,50 @@ class Translator:
         self.batch_size, self.jit_compile = batch_size, jit_compile
         self.max_input_length = source_length_limit(model.config.max_length, max_extra,
                                                     max_input_length)
-        # One trace for every batch shape; XLA compiles a fixed shape, so with it the padded
-        # widths below keep the traces few. No autograph: each search is one
-        # keras.ops.while_loop already (decoding.py), and converting it only slows the trace.
+        # The searches take their options as tensors, so that one trace of each serves every
+        # batch shape and option value, here and in the SavedModel export, which calls these
+        # same traces (export/saved_model.py).
+        ids, scalar = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)
+        self._greedy = traced_once(self._greedy_search, [ids, scalar])
+        self._beam = traced_once(self._beam_search, [ids, scalar, tf.TensorSpec([], tf.float32),
+                                                     scalar, scalar])
+        # XLA compiles a fixed shape, so with it the padded widths below keep the traces few.
         self._decode = (tf.function(self._decode_batch, jit_compile=True, reduce_retracing=True,
                                     autograph=False)
-                        if jit_compile else
-                        tf.function(self._decode_batch, autograph=False,
-                                    input_signature=[tf.TensorSpec([None, None], tf.int32)]))
+                        if jit_compile else self._decode_batch)
+
+    def _greedy_search(self, source_ids, max_extra):
+        result = greedy_search(self.model, source_ids, bos_id=self.tokenizer.bos_id,
+                               eos_id=self.tokenizer.eos_id, max_extra=max_extra)
+        return result["sequences"][:, None], result["scores"][:, None]
+
+    def _beam_search(self, source_ids, beam_size, alpha, max_extra, num_return):
+        result = beam_search(self.model, source_ids, bos_id=self.tokenizer.bos_id,
+                             eos_id=self.tokenizer.eos_id, beam_size=beam_size, alpha=alpha,
+                             max_extra=max_extra, penalty=self.penalty, num_return=num_return)
+        return result["sequences"], result["scores"]
+
+    def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
+        """ids [N, S] (EOS-terminated, padded) -> the `num_return` best hypotheses: ids
+        [N, num_return, L] and scores [N, num_return]. The options may be Python numbers or
+        scalar tensors (then a `tf.cond` picks the search); a beam of 1 is greedy search, its
+        score the sum of the log-probabilities, as in CTranslate2."""
+        def greedy():
+            return self._greedy(source_ids, tf.cast(max_extra, tf.int32))
+
+        def beam():
+            return self._beam(source_ids, tf.cast(beam_size, tf.int32),
+                              tf.cast(alpha, tf.float32), tf.cast(max_extra, tf.int32),
+                              tf.cast(num_return, tf.int32))
+
+        if not tf.is_tensor(beam_size):
+            return greedy() if beam_size == 1 else beam()
+        return tf.cond(tf.equal(beam_size, 1), greedy, beam)
 
     def _decode_batch(self, source_ids):
+        if not self.jit_compile:
+            return self.search(source_ids, self.beam_size, self.alpha, self.max_extra)[0][:, 0]
+        # Under XLA the options stay Python numbers: the shapes they decide must be static.
         settings = dict(bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
                         max_extra=self.max_extra)
         if self.beam_size == 1:
@@ -93,6 +127,23 @@ class Translator:
         outputs = self.translate_ids(self.encode(texts))
         ragged = tf.ragged.constant([row.tolist() for row in outputs], dtype=tf.int32)
         return [t.decode("utf-8") for t in self.tokenizer.detokenize(ragged).numpy()]
+
+
+def traced_once(function, input_signature):
+    """`function` traced at its first call, for `input_signature`, and from then on called as
+    that one trace, from eager code and from inside other traces alike. (A `tf.function`
+    called inside another function's trace is traced again wherever its cache key differs:
+    under `tf.saved_model.save`, for one, whose export would otherwise trace the searches once
+    more.) No autograph: each search is one keras.ops.while_loop already (decoding.py), and
+    converting it only slows the trace."""
+    traced = []
+
+    def call(*args):
+        if not traced:
+            traced.append(tf.function(function, autograph=False,
+                                      input_signature=input_signature).get_concrete_function())
+        return traced[0](*args)
+    return call
 
 
 def translate_texts(texts, translate):

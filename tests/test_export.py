@@ -82,6 +82,34 @@ def test_fresh_process_serves_like_the_translator(trained_dir, export_dir):
     assert served["scores"][1] == 0.0
 
 
+def test_export_calls_the_searches_a_translator_traced(trained_dir, tmp_path, monkeypatch):
+    """The final evaluation hands its Translator to the export: the signatures call the
+    searches it traced (beam search is traced once in the process, counted by wrapping it;
+    `tf.saved_model.save` would otherwise trace it again) and, loaded in a fresh process, the
+    SavedModel translates as that Translator did."""
+    import keras_transformer.translator as translator_module
+    from export.saved_model import export
+    from keras_transformer.run_dir import load_trained
+
+    traces = []
+    beam_search = translator_module.beam_search
+    monkeypatch.setattr(translator_module, "beam_search",
+                        lambda *args, **kwargs: traces.append(1) or beam_search(*args, **kwargs))
+    model, tokenizer, _ = load_trained(trained_dir)
+    translator = translator_module.Translator(model, tokenizer, max_extra=MAX_EXTRA)
+    expected = translator.translate(INPUTS)
+    assert len(traces) == 1
+    target = export(model, trained_dir / "vocab.model", tmp_path / "models",
+                    max_extra=MAX_EXTRA, translator=translator)
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match="translator"):
+        export(load_trained(trained_dir)[0], trained_dir / "vocab.model", tmp_path / "other",
+               translator=translator)
+    result = run("tests/serving_check.py", str(target), json.dumps(INPUTS))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["translations"] == expected
+
+
 def test_saved_model_cli_lists_the_signatures(export_dir):
     cli = pathlib.Path(sys.executable).with_name("saved_model_cli")
     result = subprocess.run([str(cli), "show", "--dir", str(export_dir / "1"), "--all"],

@@ -72,6 +72,6 @@ def evaluate(settings, config, tokenizer, model_dir):
 
         target = export(model, model_dir / "vocab.model", model_dir / "export",
                         beam_size=settings.beam_size, alpha=settings.alpha,
-                        max_extra=settings.max_extra)
+                        max_extra=settings.max_extra, translator=translator)
         print(f"Exported the averaged model for TF Serving: {target}")
     return results

@@ -13,6 +13,8 @@ import argparse
 import logging
 import sys
 
+from trainers import command_line
+
 
 def make_translator(args):
     """The engine's translator (both have `translate(texts)`)."""
@@ -78,4 +80,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command_line.exit_skipping_teardown(main())

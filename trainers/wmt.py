@@ -126,4 +126,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command_line.exit_skipping_teardown(main())
