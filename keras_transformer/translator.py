@@ -76,13 +76,10 @@ class Translator:
         if not self.jit_compile:
             return self.search(source_ids, self.beam_size, self.alpha, self.max_extra)[0][:, 0]
         # Under XLA the options stay Python numbers: the shapes they decide must be static.
-        settings = dict(bos_id=self.tokenizer.bos_id, eos_id=self.tokenizer.eos_id,
-                        max_extra=self.max_extra)
         if self.beam_size == 1:
-            return greedy_search(self.model, source_ids, **settings)["sequences"]
-        result = beam_search(self.model, source_ids, beam_size=self.beam_size,
-                             alpha=self.alpha, penalty=self.penalty, num_return=1, **settings)
-        return result["sequences"][:, 0]
+            return self._greedy_search(source_ids, self.max_extra)[0][:, 0]
+        return self._beam_search(source_ids, self.beam_size, self.alpha, self.max_extra,
+                                 1)[0][:, 0]
 
     def encode(self, texts):
         """Source ids (EOS-terminated, cut to max_input_length) for each text, as lists."""
