@@ -2,6 +2,7 @@
 
 import contextlib
 import contextvars
+import functools
 
 import keras
 from keras import ops
@@ -13,16 +14,80 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
     """Per-token cross-entropy [...] of `logits` [..., V] against the smoothed target
     t = (1 - eps) * one_hot(labels) + eps / V (§5.4), computed in float32."""
     if keras.backend.backend() == "tensorflow":
-        # TensorFlow's fused kernel computes the loss and its gradient in one pass over
-        # [..., V]; the formula's reductions take several.
-        import tensorflow as tf
-
-        vocab = tf.shape(logits)[-1]
-        off = label_smoothing / tf.cast(vocab, tf.float32)
-        target = tf.one_hot(tf.cast(labels, tf.int32), vocab,
-                            on_value=1.0 - label_smoothing + off, off_value=off)
-        return tf.nn.softmax_cross_entropy_with_logits(target, tf.cast(logits, tf.float32))
+        return _compiled_cross_entropy(labels, logits, label_smoothing)
     return smoothed_cross_entropy_formula(labels, logits, label_smoothing)
+
+
+def _compiled_cross_entropy(labels, logits, label_smoothing):
+    """`smoothed_cross_entropy` on TensorFlow: the loss and its gradient each compiled by XLA
+    into one or two passes over [tokens, V] (TensorFlow's fused kernel takes several, one into
+    a buffer it allocates and zeroes afresh at every call). XLA compiles once per shape, so
+    the token count is padded up to one of 8 sizes per power of two (at most 1/8 more rows).
+    A float32 tensor cast up from bfloat16 or float16 (the model's logits under mixed
+    precision) is read as the tensor it was cast from: the same numbers, with the cast and its
+    gradient's cast inside the compiled passes."""
+    import tensorflow as tf
+
+    source = getattr(logits, "op", None)  # graph tensors only
+    if (source is not None and source.type == "Cast"
+            and source.inputs[0].dtype in (tf.bfloat16, tf.float16)):
+        logits = source.inputs[0]
+    logits = tf.convert_to_tensor(logits)
+    forward, backward = _cross_entropy_functions()
+    shape = tf.shape(logits)
+    flat = tf.reshape(logits, [-1, shape[-1]])
+    flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+    tokens = tf.shape(flat)[0]
+    octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(tokens, 1), tf.float32))
+                                   / tf.math.log(2.0)), tf.int32)
+    granule = tf.bitwise.left_shift(1, tf.maximum(octave - 3, 3))
+    padding = [[0, (granule - tokens % granule) % granule]]
+    eps = tf.constant(label_smoothing, tf.float32)
+
+    @tf.custom_gradient
+    def cross_entropy(flat):
+        padded = tf.pad(flat, padding + [[0, 0]])
+        padded_labels = tf.pad(flat_labels, padding)
+        losses, log_normalizer = forward(padded, padded_labels, eps)
+
+        def gradient(upstream):
+            return backward(padded, padded_labels, log_normalizer, tf.pad(upstream, padding),
+                            eps)[:tokens]
+
+        return losses[:tokens], gradient
+
+    return tf.reshape(cross_entropy(flat), shape[:-1])
+
+
+@functools.cache
+def _cross_entropy_functions():
+    """The XLA-compiled halves of `_compiled_cross_entropy`:
+    forward(logits [N, V], labels [N], eps) -> (losses [N], log-sum-exp [N]), float32;
+    backward(logits, labels, log-sum-exp, upstream [N], eps) -> (softmax - t) * upstream
+    [N, V] in the logits' dtype."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True)
+    def forward(logits, labels, eps):
+        x = tf.cast(logits, tf.float32)
+        largest = tf.reduce_max(x, axis=-1)
+        log_normalizer = tf.math.log(tf.reduce_sum(tf.exp(x - largest[:, None]), -1)) + largest
+        chosen = tf.gather(x, labels, axis=1, batch_dims=1)
+        vocab = tf.cast(tf.shape(x)[-1], tf.float32)
+        # -sum_j t_j log softmax_j, as in `smoothed_cross_entropy_formula`.
+        return (log_normalizer - eps / vocab * tf.reduce_sum(x, -1) - (1.0 - eps) * chosen,
+                log_normalizer)
+
+    @tf.function(jit_compile=True)
+    def backward(logits, labels, log_normalizer, upstream, eps):
+        x = tf.cast(logits, tf.float32)
+        vocab = tf.shape(x)[-1]
+        off = eps / tf.cast(vocab, tf.float32)
+        target = tf.one_hot(labels, vocab, on_value=1.0 - eps + off, off_value=off)
+        softmax = tf.exp(x - log_normalizer[:, None])
+        return tf.cast((softmax - target) * upstream[:, None], logits.dtype)
+
+    return forward, backward
 
 
 def smoothed_cross_entropy_formula(labels, logits, label_smoothing):

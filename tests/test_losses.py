@@ -84,6 +84,77 @@ def test_cross_entropy_takes_bfloat16_logits_and_any_batch_shape(rng):
                                    atol=2e-3, rtol=1e-2)
 
 
+def numpy_softmax_minus_target(labels, z, eps):
+    """d loss / d logits of §5.4's smoothed cross-entropy: softmax(z) - t."""
+    softmax = np.exp(z - z.max(-1, keepdims=True))
+    softmax /= softmax.sum(-1, keepdims=True)
+    target = np.full(z.shape, eps / z.shape[-1])
+    np.put_along_axis(target, labels[..., None], 1 - eps + eps / z.shape[-1], axis=-1)
+    return softmax - target
+
+
+def test_cross_entropy_pads_token_counts_to_few_compiled_shapes(rng):
+    """XLA compiles the TensorFlow loss once per shape, so the token count is padded: 51 token
+    counts within one power of two compile at most 8 shapes, and every count, small ones too,
+    gets NumPy's losses and gradient for exactly its own rows."""
+    eps, vocab = 0.1, 13
+    forward, backward = kt.losses._cross_entropy_functions()
+    traced = forward.experimental_get_tracing_count(), backward.experimental_get_tracing_count()
+    for tokens in list(range(257, 512, 5)) + [1, 2, 7, 9, 100]:
+        labels = rng.integers(0, vocab, size=(tokens,))
+        logits = tf.constant(rng.normal(size=(tokens, vocab)) * 3, tf.float32)
+        upstream = rng.uniform(size=(tokens,)).astype(np.float32)
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            losses = kt.losses.smoothed_cross_entropy(labels, logits, eps)
+            total = tf.reduce_sum(losses * upstream)
+        gradient = tape.gradient(total, logits)
+        z = logits.numpy().astype(np.float64)
+        assert losses.shape == (tokens,) and gradient.shape == (tokens, vocab)
+        np.testing.assert_allclose(losses, numpy_label_smoothing(labels, z, eps, pad_id=-1)[0],
+                                   rtol=1e-5)
+        np.testing.assert_allclose(
+            gradient, numpy_softmax_minus_target(labels, z, eps) * upstream[:, None], atol=1e-6)
+    # 257..511: at most 8 shapes; 1, 2, 7, 9 and 100: at most 3 more (8, 16, 104 rows).
+    assert forward.experimental_get_tracing_count() - traced[0] <= 11
+    assert backward.experimental_get_tracing_count() - traced[1] <= 11
+
+
+def test_cross_entropy_reads_logits_cast_up_from_bfloat16_as_they_were(rng):
+    """Under mixed_bfloat16 the model casts its bfloat16 logits up to float32; in a traced
+    step the loss reads the bfloat16 tensor they came from (the same numbers): losses as NumPy
+    computes them, and a bfloat16 gradient to that tensor equal, within bfloat16 rounding, to
+    what TensorFlow's fused kernel passes back through the cast. The float32 tensor itself
+    gets no gradient: the loss does not read it."""
+    eps, vocab = 0.1, 17
+    labels = random_ids(rng, 3, 6, vocab)
+    low = tf.cast(rng.normal(size=(3, 6, vocab)) * 3, tf.bfloat16)
+    weights = tf.constant(rng.uniform(size=(3, 6)), tf.float32)
+
+    @tf.function
+    def losses_and_gradients(low):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(low)
+            logits = tf.cast(low, tf.float32)
+            ours = kt.losses.smoothed_cross_entropy(labels, logits, eps)
+            target = tf.one_hot(labels, vocab) * (1 - eps) + eps / vocab
+            fused = tf.nn.softmax_cross_entropy_with_logits(target, logits)
+            ours_total, fused_total = tf.reduce_sum(ours * weights), tf.reduce_sum(fused * weights)
+        return (ours, tape.gradient(ours_total, low), tape.gradient(fused_total, low),
+                tape.gradient(ours_total, logits) is None)
+
+    ours, gradient, fused_gradient, float32_left_alone = losses_and_gradients(low)
+    z = tf.cast(low, tf.float32).numpy().astype(np.float64)
+    np.testing.assert_allclose(ours, numpy_label_smoothing(labels, z, eps, pad_id=-1)[0],
+                               rtol=1e-5)
+    assert gradient.dtype == tf.bfloat16 and bool(float32_left_alone)
+    np.testing.assert_allclose(tf.cast(gradient, tf.float32), tf.cast(fused_gradient, tf.float32),
+                               atol=1e-3, rtol=1e-2)
+    np.testing.assert_allclose(tf.cast(gradient, tf.float32),
+                               numpy_softmax_minus_target(labels, z, eps) * weights.numpy()[..., None],
+                               atol=2e-3, rtol=1e-2)
+
+
 def test_without_smoothing_equals_keras_sparse_cross_entropy(rng):
     labels = random_ids(rng, 4, 6, 11)
     logits = rng.normal(size=(4, 6, 11)).astype(np.float32)

@@ -322,6 +322,7 @@ def test_average_equals_numpy_mean(tmp_path):
     (["--strategy", "mirrored", "--steps_per_execution", "2", "--train_steps", "4",
       "--validate_every_steps", "2"], "MirroredStrategy"),
     (["--strategy", "mirrored", "--grad_accum", "2"], "raise --batch_tokens instead"),
+    (["--eval_splits", "test,none"], "none is not a split"),  # refused before training
 ])
 def test_user_mistakes_are_clear_errors(tmp_path, args, message):
     result = trainer(*SMALL, "--model_dir", str(tmp_path / "run"), *args,

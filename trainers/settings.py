@@ -26,6 +26,8 @@ def light_config():
 
 _CONFIG = light_config()
 
+EVAL_SPLITS = ("validation", "test")  # the splits the final evaluation can translate
+
 DATASET_DEFAULTS = {
     # Sized so that the main job runs in a few minutes on two CPU cores.
     # Its sentence templates are nearly fixed by their length: batches of one length learn
@@ -177,7 +179,7 @@ class RunSettings:
     average_last: int = flag(
         FINAL, "checkpoints to average (§6.1: 5 for base, 20 for big; 2 for --dataset "
         "sample)")
-    eval_splits: str = flag(FINAL, "comma-separated")
+    eval_splits: str = flag(FINAL, "comma-separated: validation, test; empty for none")
     eval_max_sentences: int | None = flag(FINAL, "translate at most N sentences per split")
     beam_size: int = flag(FINAL, "§6.1 beam size", 4)
     alpha: float = flag(FINAL, "§6.1 length penalty alpha", 0.6)
@@ -264,6 +266,11 @@ def check_settings(config, settings):
     if s.backup_every_steps < 1 or s.validate_every_steps % s.backup_every_steps:
         raise ConfigError(f"--backup_every_steps {s.backup_every_steps} must be at least 1 and "
                           f"divide --validate_every_steps {s.validate_every_steps}.")
+    unknown = [split for split in s.eval_splits.split(",") if split not in ("", *EVAL_SPLITS)]
+    if unknown:
+        raise ConfigError(f"--eval_splits {s.eval_splits!r}: {', '.join(unknown)} is not a "
+                          f"split; give some of {', '.join(EVAL_SPLITS)}, comma-separated, or "
+                          "'' for no final evaluation (or --no_eval).")
     if s.eval_beam_size < 1:
         raise ConfigError(f"--eval_beam_size {s.eval_beam_size}: at least 1 (1 decodes "
                           "greedily).")
