@@ -39,7 +39,8 @@ def part_of(name):
 
 
 def op_times(logdir):
-    """{(op type, part): seconds} summed over the profile's TensorFlow op events."""
+    """{(op type, part): seconds} summed over the profile's TensorFlow op events and XLA
+    programs."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     times = collections.Counter()
@@ -50,6 +51,11 @@ def op_times(logdir):
             for line in plane.lines:
                 for event in line.events:
                     name = plane.event_metadata[event.metadata_id].name
+                    if name == "CpuExecutable::ExecuteAsyncOnStream":
+                        # An XLA-compiled program, whose ops are not TensorFlow ops: in the
+                        # trainer's step, the loss and its gradient (losses.py).
+                        times[("XLA program", "loss")] += event.duration_ps / 1e12
+                        continue
                     if ":" not in name or not name.startswith("StatefulPartitionedCall"):
                         continue
                     scope, kind = name.rsplit(":", 1)
