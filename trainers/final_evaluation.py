@@ -65,7 +65,7 @@ def evaluate(settings, config, tokenizer, model_dir):
     out_dir = model_dir / "translations"
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {split: translate_split(settings, translator, split, out_dir)
-               for split in map(str.strip, settings.eval_splits.split(",")) if split}
+               for split in settings.eval_split_names()}
     run_dir.write_text_atomically(out_dir / "results.json", json.dumps(results, indent=2))
     if not settings.no_export:
         from export.saved_model import export

@@ -193,6 +193,10 @@ class RunSettings:
     precision_chosen: str | None = dataclasses.field(default=None, metadata={"run_only": True})
     precision_reason: str | None = dataclasses.field(default=None, metadata={"run_only": True})
 
+    def eval_split_names(self):
+        """--eval_splits as a list of names, spaces and empty entries dropped."""
+        return [split for split in map(str.strip, self.eval_splits.split(",")) if split]
+
     def to_dict(self):
         return dataclasses.asdict(self)
 
@@ -266,8 +270,7 @@ def check_settings(config, settings):
     if s.backup_every_steps < 1 or s.validate_every_steps % s.backup_every_steps:
         raise ConfigError(f"--backup_every_steps {s.backup_every_steps} must be at least 1 and "
                           f"divide --validate_every_steps {s.validate_every_steps}.")
-    unknown = [split for split in map(str.strip, s.eval_splits.split(","))
-               if split not in ("", *EVAL_SPLITS)]
+    unknown = [split for split in s.eval_split_names() if split not in EVAL_SPLITS]
     if unknown:
         raise ConfigError(f"--eval_splits {s.eval_splits!r}: {', '.join(unknown)} is not a "
                           f"split; give some of {', '.join(EVAL_SPLITS)}, comma-separated, or "
