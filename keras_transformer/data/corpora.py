@@ -69,6 +69,7 @@ def _valid_utf8(text):
 def _clean_pairs(pairs, counts):
     """Drops (and counts) pairs with a side that is not valid UTF-8 or empty once stripped."""
 
+    @tf.autograph.experimental.do_not_convert  # (pipeline.py)
     def keep(source, target, well_formed=True):
         well_formed = tf.convert_to_tensor(well_formed)
         valid = _valid_utf8(source) & _valid_utf8(target)
@@ -81,7 +82,11 @@ def _clean_pairs(pairs, counts):
         counts.count("kept", ok)
         return ok
 
-    return pairs.filter(keep).map(lambda s, t, *_: (tf.strings.strip(s), tf.strings.strip(t)))
+    @tf.autograph.experimental.do_not_convert
+    def stripped(source, target, *_):
+        return tf.strings.strip(source), tf.strings.strip(target)
+
+    return pairs.filter(keep).map(stripped)
 
 
 def check_aligned(source_path, target_path):
@@ -123,6 +128,7 @@ def files_dataset(paths, counts=None, regions=1):
     counts = SkipCounts() if counts is None else counts
     paths = [str(p) for p in paths]
     if len(paths) == 1:
+        @tf.autograph.experimental.do_not_convert  # (pipeline.py)
         def fields(line):
             parts = tf.strings.split(line, "\t")
             well_formed = tf.size(parts) == 2
