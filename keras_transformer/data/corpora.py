@@ -69,7 +69,7 @@ def _valid_utf8(text):
 def _clean_pairs(pairs, counts):
     """Drops (and counts) pairs with a side that is not valid UTF-8 or empty once stripped."""
 
-    @tf.autograph.experimental.do_not_convert  # (pipeline.py)
+    @tf.autograph.experimental.do_not_convert  # see pipeline.py's docstring
     def keep(source, target, well_formed=True):
         well_formed = tf.convert_to_tensor(well_formed)
         valid = _valid_utf8(source) & _valid_utf8(target)
@@ -82,7 +82,7 @@ def _clean_pairs(pairs, counts):
         counts.count("kept", ok)
         return ok
 
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # see pipeline.py's docstring
     def stripped(source, target, *_):
         return tf.strings.strip(source), tf.strings.strip(target)
 
@@ -128,7 +128,7 @@ def files_dataset(paths, counts=None, regions=1):
     counts = SkipCounts() if counts is None else counts
     paths = [str(p) for p in paths]
     if len(paths) == 1:
-        @tf.autograph.experimental.do_not_convert  # (pipeline.py)
+        @tf.autograph.experimental.do_not_convert  # see pipeline.py's docstring
         def fields(line):
             parts = tf.strings.split(line, "\t")
             well_formed = tf.size(parts) == 2
