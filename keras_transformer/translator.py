@@ -2,6 +2,7 @@
 
 import logging
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -32,28 +33,16 @@ class Translator:
         self.batch_size, self.jit_compile = batch_size, jit_compile
         self.max_input_length = source_length_limit(model.config.max_length, max_extra,
                                                     max_input_length)
-        # The searches take their options as tensors, so that one trace of each serves every
-        # batch shape and option value, here and in the SavedModel export, which calls these
-        # same traces (export/saved_model.py).
-        ids, scalar = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)
-        self._greedy = traced_once(self._greedy_search, [ids, scalar])
-        self._beam = traced_once(self._beam_search, [ids, scalar, tf.TensorSpec([], tf.float32),
-                                                     scalar, scalar])
+        # One trace of each search serves every batch shape and option value (they are
+        # tensors), every Translator of this model, and the SavedModel export, which calls
+        # these same traces (export/saved_model.py): the trainer's validation, its final
+        # evaluation and its export trace each search once.
+        self._greedy, self._beam = traced_searches(model, tokenizer.bos_id, tokenizer.eos_id,
+                                                   penalty)
         # XLA compiles a fixed shape, so with it the padded widths below keep the traces few.
         self._decode = (tf.function(self._decode_batch, jit_compile=True, reduce_retracing=True,
                                     autograph=False)
                         if jit_compile else self._decode_batch)
-
-    def _greedy_search(self, source_ids, max_extra):
-        result = greedy_search(self.model, source_ids, bos_id=self.tokenizer.bos_id,
-                               eos_id=self.tokenizer.eos_id, max_extra=max_extra)
-        return result["sequences"][:, None], result["scores"][:, None]
-
-    def _beam_search(self, source_ids, beam_size, alpha, max_extra, num_return):
-        result = beam_search(self.model, source_ids, bos_id=self.tokenizer.bos_id,
-                             eos_id=self.tokenizer.eos_id, beam_size=beam_size, alpha=alpha,
-                             max_extra=max_extra, penalty=self.penalty, num_return=num_return)
-        return result["sequences"], result["scores"]
 
     def search(self, source_ids, beam_size, alpha, max_extra, num_return=1):
         """ids [N, S] (EOS-terminated, padded) -> the `num_return` best hypotheses: ids
@@ -76,10 +65,11 @@ class Translator:
         if not self.jit_compile:
             return self.search(source_ids, self.beam_size, self.alpha, self.max_extra)[0][:, 0]
         # Under XLA the options stay Python numbers: the shapes they decide must be static.
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if self.beam_size == 1:
-            return self._greedy_search(source_ids, self.max_extra)[0][:, 0]
-        return self._beam_search(source_ids, self.beam_size, self.alpha, self.max_extra,
-                                 1)[0][:, 0]
+            return greedy_hypotheses(self.model, source_ids, bos, eos, self.max_extra)[0][:, 0]
+        return beam_hypotheses(self.model, source_ids, bos, eos, self.penalty, self.beam_size,
+                               self.alpha, self.max_extra, 1)[0][:, 0]
 
     def encode(self, texts):
         """Source ids (EOS-terminated, cut to max_input_length) for each text, as lists."""
@@ -124,6 +114,44 @@ class Translator:
         outputs = self.translate_ids(self.encode(texts))
         ragged = tf.ragged.constant([row.tolist() for row in outputs], dtype=tf.int32)
         return [t.decode("utf-8") for t in self.tokenizer.detokenize(ragged).numpy()]
+
+
+def greedy_hypotheses(model, source_ids, bos_id, eos_id, max_extra):
+    """Greedy search as a 1-best list: ids [N, 1, L] and scores [N, 1]."""
+    result = greedy_search(model, source_ids, bos_id=bos_id, eos_id=eos_id, max_extra=max_extra)
+    return result["sequences"][:, None], result["scores"][:, None]
+
+
+def beam_hypotheses(model, source_ids, bos_id, eos_id, penalty, beam_size, alpha, max_extra,
+                    num_return):
+    """Beam search's `num_return` best: ids [N, num_return, L] and scores [N, num_return]."""
+    result = beam_search(model, source_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                         alpha=alpha, max_extra=max_extra, penalty=penalty,
+                         num_return=num_return)
+    return result["sequences"], result["scores"]
+
+
+# The traced searches of each model, shared by all its Translators:
+# {model: {(bos_id, eos_id, penalty): (greedy, beam)}}, forgotten with the model.
+_SEARCHES = weakref.WeakKeyDictionary()
+
+
+def traced_searches(model, bos_id, eos_id, penalty):
+    """(greedy, beam): `greedy_hypotheses` of (ids [N, S] int32, max_extra) and
+    `beam_hypotheses` of (ids, beam_size, alpha, max_extra, num_return) for `model`, the
+    options scalar tensors, each traced at its first call and kept for the model."""
+    searches = _SEARCHES.setdefault(model, {})
+    key = (bos_id, eos_id, penalty)
+    if key not in searches:
+        model_ref = weakref.ref(model)  # the traces must not keep the model alive
+        ids, scalar = tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)
+        searches[key] = (
+            traced_once(lambda source_ids, max_extra: greedy_hypotheses(
+                model_ref(), source_ids, bos_id, eos_id, max_extra), [ids, scalar]),
+            traced_once(lambda source_ids, *options: beam_hypotheses(
+                model_ref(), source_ids, bos_id, eos_id, penalty, *options),
+                [ids, scalar, tf.TensorSpec([], tf.float32), scalar, scalar]))
+    return searches[key]
 
 
 def traced_once(function, input_signature):

@@ -206,6 +206,48 @@ def test_cross_attention_of_the_chosen_hypothesis(model, rng):
     np.testing.assert_allclose(attention[:, 0][real[:, 0]], forced[real[:, 0]], atol=1e-4)
 
 
+def test_translators_of_one_model_share_its_traced_searches(sample_tokenizer, monkeypatch):
+    """The trainer's validation (greedy), its final evaluation (beam) and the export each make
+    a Translator of the same model: each search is traced once for the model (counted by
+    wrapping it), a second model's Translator traces its own and translates with its own
+    weights, and the traces do not keep a model alive."""
+    import gc
+    import weakref
+
+    import keras_transformer.translator as translator_module
+
+    traces = []
+    for name in ("greedy_search", "beam_search"):
+        search = getattr(translator_module, name)
+        monkeypatch.setattr(translator_module, name, lambda *args, _name=name, _search=search,
+                            **kwargs: traces.append(_name) or _search(*args, **kwargs))
+    texts = ["Der Hund schläft.", "Ich lache."]
+    models = []
+    for seed in (5, 6):
+        tf.keras.utils.set_random_seed(seed)
+        models.append(kt.Transformer(small_config(vocab_size=sample_tokenizer.vocab_size)))
+        models[-1].build()
+    greedy = translator_module.Translator(models[0], sample_tokenizer, beam_size=1, max_extra=6)
+    first = greedy.translate(texts)
+    beam = translator_module.Translator(models[0], sample_tokenizer, max_extra=6)
+    beam.translate(texts)
+    assert translator_module.Translator(models[0], sample_tokenizer, beam_size=1,
+                                        max_extra=6).translate(texts) == first
+    assert sorted(traces) == ["beam_search", "greedy_search"]
+    other = translator_module.Translator(models[1], sample_tokenizer, beam_size=1, max_extra=6)
+    translations = other.translate(texts)
+    assert translations != first  # else a shared trace could pass unseen
+    for text, translation in zip(texts, translations):
+        expected = greedy_search(models[1], tf.constant(other.encode([text])), bos_id=BOS,
+                                 eos_id=EOS, max_extra=6)["sequences"]
+        assert translation == sample_tokenizer.detokenize(expected).numpy()[0].decode()
+    assert traces.count("greedy_search") == 2  # and the second model's own trace
+    first_model = weakref.ref(models[0])
+    del models[0], greedy, beam
+    gc.collect()
+    assert first_model() is None
+
+
 def test_translator_matches_beam_search_and_keeps_order(sample_tokenizer, rng):
     from keras_transformer.translator import Translator
 

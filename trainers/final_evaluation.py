@@ -51,13 +51,14 @@ def translate_split(settings, translator, split, out_dir):
     return scores
 
 
-def evaluate(settings, config, tokenizer, model_dir):
-    """Averages the last checkpoints into a fresh model, translates the evaluation splits
-    with beam search, scores them and exports the averaged model (unless --no_export).
-    Returns {split: scores}."""
-    # A fresh model, built outside any strategy's scope and without the training state,
-    # translates and exports (the trained one failed to retrace beam search in its process).
-    model = run_dir.build_model(config)
+def evaluate(settings, config, tokenizer, model_dir, model=None):
+    """Averages the last checkpoints into `model` (default a fresh one), translates the
+    evaluation splits with beam search, scores them and exports the averaged model (unless
+    --no_export). Returns {split: scores}."""
+    # A model built outside any strategy's scope and without the training state translates
+    # and exports (the trained one failed to retrace beam search in its process): the one
+    # that translated during training, whose searches are traced, or a fresh one.
+    model = model or run_dir.build_model(config)
     average_last(settings, model, model_dir)
     translator = Translator(model, tokenizer, beam_size=settings.beam_size,
                             alpha=settings.alpha, max_extra=settings.max_extra,

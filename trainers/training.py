@@ -39,15 +39,11 @@ def validation_translation(settings, tokenizer, model_dir, copy):
     except corpora.DataError as error:
         print(f"No BLEU during training: {error}", flush=True)
         return None
-    translators = []
 
-    def make_translator(weights):  # one Translator, so its traced decoding is reused
-        model = copy(weights)
-        if not translators:
-            translators.append(Translator(model, tokenizer, beam_size=settings.eval_beam_size,
-                                          alpha=settings.alpha, max_extra=settings.max_extra,
-                                          batch_size=settings.eval_batch_size))
-        return translators[0]
+    def make_translator(weights):  # Translators of the copy share its traced searches
+        return Translator(copy(weights), tokenizer, beam_size=settings.eval_beam_size,
+                          alpha=settings.alpha, max_extra=settings.max_extra,
+                          batch_size=settings.eval_batch_size)
 
     return ValidationTranslation(
         settings.eval_every_steps, [s.decode("utf-8") for s, _ in pairs],
@@ -73,13 +69,12 @@ def best_checkpoint(settings, model_dir, copy, bleu_evaluated, validated):
     return BestCheckpoint(model_dir / "best", metric, export_best)
 
 
-def evaluation_callbacks(settings, config, tokenizer, model_dir, validated, throughput):
-    """The chief's: TensorBoard, BLEU every --eval_every_steps, the validation loss at the
-    global step, and best/."""
+def evaluation_callbacks(settings, config, tokenizer, model_dir, validated, throughput, copy):
+    """The chief's: TensorBoard, BLEU every --eval_every_steps (translated by `copy`, a
+    `WeightsCopy`), the validation loss at the global step, and best/."""
     # update_freq="epoch": with a step count, Keras 3.15 records no epoch summaries (no
     # validation loss, no learning rate) unless the epoch ends on a multiple of it.
     callbacks = [keras.callbacks.TensorBoard(str(model_dir / "logs"), update_freq="epoch")]
-    copy = WeightsCopy(config)  # one model beside the trained one, built on first use
     translation = validation_translation(settings, tokenizer, model_dir, copy)
     best = best_checkpoint(settings, model_dir, copy, translation is not None, validated)
     if translation is not None:
@@ -91,8 +86,9 @@ def evaluation_callbacks(settings, config, tokenizer, model_dir, validated, thro
 
 
 def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
-                   resumable_input, validated, budget=None):
-    """Every callback of the run, in the order Keras calls them."""
+                   resumable_input, validated, copy, budget=None):
+    """Every callback of the run, in the order Keras calls them (`copy`: the `WeightsCopy`
+    that translates)."""
     chief, worker = is_chief(strategy), worker_id(strategy)
     throughput = Throughput(settings.batch_tokens)
     callbacks = [
@@ -109,7 +105,7 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
         callbacks.append(budget)
     if chief:
         callbacks += evaluation_callbacks(settings, config, tokenizer, model_dir, validated,
-                                          throughput)
+                                          throughput, copy)
     return callbacks
 
 
@@ -146,8 +142,10 @@ def report(settings, model, throughput, seconds, model_dir, chief):
               f"{usable_cores()} cores", flush=True)
 
 
-def train(settings, config, strategy, tokenizer, model_dir):
-    """Trains (or resumes) the run in `model_dir` to --train_steps or --train_minutes."""
+def train(settings, config, strategy, tokenizer, model_dir, copy=None):
+    """Trains (or resumes) the run in `model_dir` to --train_steps or --train_minutes. `copy`
+    (a `WeightsCopy`, default a new one) translates for the BLEU during training and exports
+    best/; the final evaluation can reuse it, its searches traced."""
     worker = worker_id(strategy)
     schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
     model = compiled_model(settings, config, schedule, strategy)
@@ -179,7 +177,8 @@ def train(settings, config, strategy, tokenizer, model_dir):
         if validation is not None:
             validation = run_data.distributed(validation, strategy)
         callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
-                                   resumable_input, validation is not None, budget)
+                                   resumable_input, validation is not None,
+                                   copy or WeightsCopy(config), budget)
         start = time.monotonic()
         model.fit(run_data.distributed(resumable_input.dataset, strategy),
                   epochs=epochs, initial_epoch=done,

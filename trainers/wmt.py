@@ -87,6 +87,7 @@ def run_parsed(args, given=()):
     from trainers.final_evaluation import evaluate
     from trainers.strategy import is_chief
     from trainers.training import train
+    from trainers.validation import WeightsCopy
 
     model_dir = pathlib.Path(settings.model_dir)
     if settings.eval_only:
@@ -102,10 +103,13 @@ def run_parsed(args, given=()):
           f"d_model {config.d_model}, vocab {config.vocab_size}; strategy {settings.strategy} "
           f"({strategy.num_replicas_in_sync} replica(s)); {config.train_steps} steps of "
           f"{settings.batch_tokens} tokens; model_dir {model_dir}", flush=True)
-    train(settings, config, strategy, tokenizer, model_dir)
+    # One model outside the strategy translates: during training, then for the final
+    # evaluation and the export, which reuse its traced searches.
+    decoding = WeightsCopy(config)
+    train(settings, config, strategy, tokenizer, model_dir, decoding)
     if settings.no_eval or not is_chief(strategy):
         return None
-    return evaluate(settings, config, tokenizer, model_dir)
+    return evaluate(settings, config, tokenizer, model_dir, decoding.model)
 
 
 def main(argv=None):
