@@ -58,7 +58,7 @@ def evaluate(settings, config, tokenizer, model_dir, model=None):
     # A model built outside any strategy's scope and without the training state translates
     # and exports (the trained one failed to retrace beam search in its process): the one
     # that translated during training, whose searches are traced, or a fresh one.
-    model = model or run_dir.build_model(config)
+    model = run_dir.build_model(config) if model is None else model
     average_last(settings, model, model_dir)
     translator = Translator(model, tokenizer, beam_size=settings.beam_size,
                             alpha=settings.alpha, max_extra=settings.max_extra,

@@ -178,7 +178,7 @@ def train(settings, config, strategy, tokenizer, model_dir, copy=None):
             validation = run_data.distributed(validation, strategy)
         callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
                                    resumable_input, validation is not None,
-                                   copy or WeightsCopy(config), budget)
+                                   WeightsCopy(config) if copy is None else copy, budget)
         start = time.monotonic()
         model.fit(run_data.distributed(resumable_input.dataset, strategy),
                   epochs=epochs, initial_epoch=done,
