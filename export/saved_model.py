@@ -71,8 +71,9 @@ class TranslationModule(tf.Module):
         proto = pathlib.Path(vocab_path).read_bytes()
         self.sentencepiece = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
         self._tokenizer = Tokenizer(proto, self.sentencepiece)
-        # The signatures call the Translator's traced searches: a Translator of `model` that
-        # has translated already (the final evaluation's) spares the export its traces.
+        # The signatures call the Translator's traced searches, which every Translator of
+        # `model` shares (translator.py): a model that has translated already (the final
+        # evaluation's) spares the export their traces.
         if translator is not None and translator.model is not model:
             raise ValueError("translator: a Translator of the exported model, or None.")
         self._translator = translator or Translator(model, self._tokenizer)
@@ -261,8 +262,8 @@ def write_warmup_requests(version_dir, model_name, examples):
 def export(model, vocab_path, export_dir, version=None, model_name="transformer",
            warmup_examples=("Hello.",), translator=None, **settings):
     """Writes `<export_dir>/<version>/` and returns its path. `translator`: a `Translator` of
-    `model` that has translated already, whose traced searches (and length penalty) the
-    signatures reuse; by default a new one."""
+    `model` (its length penalty; its traced searches, shared by every Translator of the model,
+    the signatures reuse); by default a new one."""
     version = version or next_version(export_dir)
     target = pathlib.Path(export_dir) / str(version)
     if target.exists():
