@@ -18,8 +18,7 @@ from trainers.checkpoints import PeriodicCheckpoint
 from trainers.scoring import score
 from trainers.resumable_input import ResumableInput
 from trainers.strategy import is_chief, worker_id
-from trainers.validation import (BestCheckpoint, ValidationLoss, ValidationTranslation,
-                                 WeightsCopy)
+from trainers.validation import BestCheckpoint, ValidationLoss, ValidationTranslation
 
 
 def checkpoint_dir(model_dir, chief, worker):
@@ -142,10 +141,10 @@ def report(settings, model, throughput, seconds, model_dir, chief):
               f"{usable_cores()} cores", flush=True)
 
 
-def train(settings, config, strategy, tokenizer, model_dir, copy=None):
+def train(settings, config, strategy, tokenizer, model_dir, copy):
     """Trains (or resumes) the run in `model_dir` to --train_steps or --train_minutes. `copy`
-    (a `WeightsCopy`, default a new one) translates for the BLEU during training and exports
-    best/; the final evaluation can reuse it, its searches traced."""
+    (a `WeightsCopy`) translates for the BLEU during training and exports best/; the final
+    evaluation can reuse it, its searches traced."""
     worker = worker_id(strategy)
     schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
     model = compiled_model(settings, config, schedule, strategy)
@@ -177,8 +176,7 @@ def train(settings, config, strategy, tokenizer, model_dir, copy=None):
         if validation is not None:
             validation = run_data.distributed(validation, strategy)
         callbacks = make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
-                                   resumable_input, validation is not None,
-                                   WeightsCopy(config) if copy is None else copy, budget)
+                                   resumable_input, validation is not None, copy, budget)
         start = time.monotonic()
         model.fit(run_data.distributed(resumable_input.dataset, strategy),
                   epochs=epochs, initial_epoch=done,
