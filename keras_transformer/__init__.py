@@ -20,6 +20,7 @@ from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_a
 from keras_transformer.config import PRESETS, ConfigError, TransformerConfig
 from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from keras_transformer.dense import Dense
 from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import (
     LearnedPositionEmbedding,

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_transformer import cache as decoding_cache
+from keras_transformer.dense import Dense
 from keras_transformer.dropout import Dropout
 from keras_transformer.masks import MASKED_SCORE
 from keras_transformer.outputs import layer_output
@@ -79,7 +80,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.head_dim = self.key_dim or d_model // self.num_heads
 
         def dense(units, name, width):
-            layer = keras.layers.Dense(units, use_bias=self.use_bias, name=name,
+            layer = Dense(units, use_bias=self.use_bias, name=name,
                                        dtype=self.dtype_policy)
             layer.build((None, width))
             return layer

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.dense import Dense
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForward(keras.layers.Layer):
@@ -16,10 +18,10 @@ class FeedForward(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        self.inner = keras.layers.Dense(self.d_ff, activation="relu", name="inner",
+        self.inner = Dense(self.d_ff, activation="relu", name="inner",
                                         dtype=self.dtype_policy)
         self.inner.build((None, d_model))
-        self.outer = keras.layers.Dense(d_model, name="outer", dtype=self.dtype_policy)
+        self.outer = Dense(d_model, name="outer", dtype=self.dtype_policy)
         self.outer.build((None, self.d_ff))
 
     def call(self, x):

@@ -1,5 +1,6 @@
-"""The layer norm, Dropout, and the encoder and decoder layers' residual connections against
-independent computations; the token-weighted Adam against Keras'."""
+"""The layer norm, Dropout, the position-wise Dense, and the encoder and decoder layers'
+residual connections against independent computations; the token-weighted Adam against Keras'
+and NumPy."""
 
 import keras
 import numpy as np
@@ -85,6 +86,68 @@ def test_token_weighted_adam_matches_keras_adam(rng, accumulate):
     assert isinstance(kt.make_optimizer(0.01), kt.TokenWeightedAdam)
     assert not np.allclose(finals[0], start)
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_dense_equals_keras_dense_on_every_position(rng, quantize):
+    """The position-wise Dense (a 2-D matmul over the flattened positions) against Keras'
+    Dense with the same weights on [B, T, d] and [B, d] inputs, quantized to int8 too; the
+    weights keep Keras' names, so checkpoints load either way."""
+    ours, theirs = kt.Dense(6, activation="relu"), keras.layers.Dense(6, activation="relu")
+    for layer in (ours, theirs):
+        layer.build((None, 8))
+    theirs.set_weights([rng.normal(size=w.shape) for w in theirs.get_weights()])
+    ours.set_weights(theirs.get_weights())
+    assert [w.path for w in ours.weights] == [w.path.replace(theirs.name, ours.name)
+                                             for w in theirs.weights]
+    if quantize:
+        ours.quantize(quantize)
+        theirs.quantize(quantize)
+        assert ours.quantization_mode == quantize
+    for shape in ((3, 5, 8), (4, 8)):
+        x = rng.normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6, atol=1e-6)
+
+
+def adam_in_numpy(start, grads, lr, beta_1=0.9, beta_2=0.98, epsilon=1e-9, amsgrad=False):
+    """Adam as Kingma & Ba (2015) write it (Algorithm 1, with section 2's bias correction in
+    the step size), and AMSGrad's running maximum of v."""
+    x, m, v, v_max = start.astype(np.float64), 0.0, 0.0, 0.0
+    for t, g in enumerate(grads, start=1):
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g**2
+        v_max = np.maximum(v_max, v)
+        step_size = lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        x = x - step_size * m / (np.sqrt(v_max if amsgrad else v) + epsilon)
+    return x
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_token_weighted_adam_follows_kingma_and_ba(rng, strategy, amsgrad):
+    """The update (TensorFlow's fused op per variable; Keras' ops with amsgrad) against NumPy,
+    on one device and under MirroredStrategy with two replicas, each handed half of every
+    gradient (Keras sums the replicas' gradients)."""
+    start = rng.normal(size=(5, 3)).astype(np.float32)
+    grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(4)]
+    if strategy == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    else:
+        strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        optimizer = kt.make_optimizer(0.01, epsilon=1e-7, amsgrad=amsgrad)
+        variable = keras.Variable(start)
+        optimizer.build([variable])
+
+    @tf.function
+    def apply(grad):
+        strategy.run(lambda g: optimizer.apply_gradients([(tf.identity(g), variable)]), args=(grad,))
+
+    for grad in grads:
+        apply(tf.constant(grad / strategy.num_replicas_in_sync))
+    expected = adam_in_numpy(start, grads, 0.01, epsilon=1e-7, amsgrad=amsgrad)
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == len(grads)
+    np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("inner", ["sgd", "token_weighted_adam"])
