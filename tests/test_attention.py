@@ -52,9 +52,10 @@ def numpy_multi_head(layer, query, value, mask, num_heads, num_kv_heads, head_di
     return dense(layer.output_dense, out), weights
 
 
-def check_multi_head(rng, num_heads, num_kv_heads=None, key_dim=None):
+def check_multi_head(rng, num_heads, num_kv_heads=None, key_dim=None, mask_rows=5):
+    """`mask_rows` 1: one mask row for every query (a padding mask, broadcast)."""
     query, value = rng.normal(size=(2, 5, 16)), rng.normal(size=(2, 6, 16))
-    mask = rng.random((2, 5, 6)) > 0.4
+    mask = rng.random((2, mask_rows, 6)) > 0.4
     mask[..., 0] = True
     layer = MultiHeadAttention(num_heads, key_dim=key_dim, num_kv_heads=num_kv_heads)
     out, weights = layer(tf.constant(query, tf.float32), tf.constant(value, tf.float32),
@@ -77,6 +78,7 @@ def test_multi_head_attention_key_dim_and_single_head(rng):
 def test_grouped_query_attention_matches_numpy(rng):
     check_multi_head(rng, num_heads=4, num_kv_heads=2)
     check_multi_head(rng, num_heads=4, num_kv_heads=1)  # multi-query
+    check_multi_head(rng, num_heads=4, num_kv_heads=2, mask_rows=1)
 
 
 def test_cached_self_attention_equals_full_pass(rng):
