@@ -29,8 +29,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, drop_weights=None
     # decoding cache) at every step.
     scores = ops.cast(ops.einsum("...qd,...kd->...qk", query, key), "float32")
     if mask is not None:
-        # Added rather than selected: the scores' gradient then passes through unchanged.
-        scores = scores + ops.where(mask, 0.0, MASKED_SCORE)
+        scores = ops.where(mask, scores, MASKED_SCORE)
     weights = ops.softmax(scores, axis=-1)
     applied = weights if drop_weights is None else drop_weights(weights)
     outputs = ops.matmul(ops.cast(applied, value.dtype), value)
@@ -120,24 +119,16 @@ class MultiHeadAttention(keras.layers.Layer):
                 key = decoding_cache.write(cache[0], key, cache_index)
                 value_heads = decoding_cache.write(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
-        # The query heads that share a key/value head are stacked along the query axis:
-        # [B, kv_heads, groups * T, d] against keys and values [B, kv_heads, T_k, d], so that
-        # each product is a plain batched matmul (a broadcast one sums its gradient over the
-        # broadcast axis).
-        q = ops.reshape(ops.transpose(q, (0, 2, 3, 1, 4)),
-                        (batch_size, self.num_kv_heads, groups * query_length, self.head_dim))
-        mask = attention_mask
-        if mask is not None and groups > 1:
-            mask = ops.broadcast_to(mask, (ops.shape(mask)[0], query_length, ops.shape(mask)[2]))
-            mask = ops.tile(mask, (1, groups, 1))
-        mask = None if mask is None else mask[:, None]
+        # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
+        # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
+        q = ops.transpose(q, (0, 2, 3, 1, 4))
+        k, v = ops.expand_dims(key, 2), ops.expand_dims(value_heads, 2)
+        mask = None if attention_mask is None else attention_mask[:, None, None]
         drop_weights = None
         if self.dropout > 0:
             drop_weights = lambda w: self.drop_weights(w, training=training)  # noqa: E731
-        outputs, weights = scaled_dot_product_attention(q, key, ops.cast(value_heads, q.dtype),
-                                                        mask, drop_weights)
-        outputs = ops.reshape(outputs, (batch_size, self.num_kv_heads, groups, query_length,
-                                        self.head_dim))
+        outputs, weights = scaled_dot_product_attention(q, k, ops.cast(v, q.dtype), mask,
+                                                        drop_weights)
         outputs = ops.transpose(outputs, (0, 3, 1, 2, 4))
         outputs = ops.reshape(outputs, (batch_size, query_length, self.num_heads * self.head_dim))
         outputs = self.output_dense(outputs)

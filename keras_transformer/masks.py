@@ -1,8 +1,8 @@
 """Attention masks: which keys each query may attend to.
 
 Every mask is boolean, True where attending is allowed, and masks combine with `&`. Attention
-adds `MASKED_SCORE` to a masked key's score before the softmax (§3.2.3: "setting to -inf"), so
-a masked key gets weight 0. Three things mask a key:
+gives a masked score `MASKED_SCORE` before the softmax (§3.2.3: "setting to -inf"), so a masked
+key gets weight 0. Three things mask a key:
 
 - padding: a padded position is no token (`padding_mask`, from the ids);
 - the future: decoder position i sees positions 0 .. i only (§3.2.3, `causal_mask`);
@@ -13,7 +13,7 @@ a masked key gets weight 0. Three things mask a key:
 from keras import ops
 
 # Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32, and
-# a fully masked row gives (nearly) uniform weights, never NaN (as -inf would).
+# a fully masked row gives uniform weights, never NaN (as -inf would).
 MASKED_SCORE = -1e9
 
 
