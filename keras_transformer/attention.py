@@ -80,8 +80,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.head_dim = self.key_dim or d_model // self.num_heads
 
         def dense(units, name, width):
-            layer = Dense(units, use_bias=self.use_bias, name=name,
-                                       dtype=self.dtype_policy)
+            layer = Dense(units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy)
             layer.build((None, width))
             return layer
 

@@ -10,8 +10,7 @@ class Dense(keras.layers.Dense):
     """`keras.layers.Dense` (the same weights, names and options) that applies its kernel to
     [..., d_in] inputs as one 2-D matmul over the flattened positions. Keras multiplies a
     rank-3 input by `tf.tensordot` on TensorFlow, whose shape arithmetic (and its gradient's)
-    is about a seventh of the training step's graph: time spent tracing and optimising it at
-    the first step of every run.
+    swells the training step's graph, which every run traces and optimises at its first step.
 
     Call: x [..., d_in] -> [..., units].
     """

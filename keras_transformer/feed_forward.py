@@ -18,8 +18,7 @@ class FeedForward(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        self.inner = Dense(self.d_ff, activation="relu", name="inner",
-                                        dtype=self.dtype_policy)
+        self.inner = Dense(self.d_ff, activation="relu", name="inner", dtype=self.dtype_policy)
         self.inner.build((None, d_model))
         self.outer = Dense(d_model, name="outer", dtype=self.dtype_policy)
         self.outer.build((None, self.d_ff))

@@ -52,16 +52,16 @@ class TokenWeightedAdam(keras.optimizers.Adam):
     def _step_size(self, learning_rate):
         """Adam's step size with its bias correction, lr * sqrt(1 - beta2^t) / (1 - beta1^t)
         (Kingma & Ba, 2015, section 2): one number per update, computed here once. Keras
-        computes it inside `update_step`, once per variable: about 12 graph nodes for each of
-        the model's variables, which the first step traces and optimises."""
+        computes it inside `update_step`, once per variable: a dozen graph nodes for each
+        variable, which the first step traces and optimises."""
         t = ops.cast(self.iterations + 1, "float32")
         correction = ops.sqrt(1 - ops.power(self.beta_2, t)) / (1 - ops.power(self.beta_1, t))
         return ops.cast(learning_rate, "float32") * correction
 
     def _distributed_tf_update_step(self, distribution, grads_and_vars, step_size):
         """TensorFlow: each variable's update as one `ResourceApplyAdam` op (what TensorFlow's
-        own Adam ran), the same arithmetic as `update_step` below: 127 nodes for the tiny model
-        where Keras writes about ten ops per variable, each traced through Keras' op dispatch.
+        own Adam ran), the same arithmetic as `update_step` below: one node per variable where
+        Keras writes about ten, each traced through Keras' op dispatch.
         The beta powers handed to the op are 0 because `step_size` already holds the bias
         correction (the op multiplies by sqrt(1 - 0) / (1 - 0)). `distribution.extended.update`
         hands `apply` each replica's copies of the variable and its moments."""
@@ -70,14 +70,17 @@ class TokenWeightedAdam(keras.optimizers.Adam):
         if self.amsgrad:
             return super()._distributed_tf_update_step(distribution, grads_and_vars, step_size)
 
-        zero, beta_1, beta_2, epsilon = (tf.constant(x, tf.float32) for x in (
-            0.0, self.beta_1, self.beta_2, self.epsilon))
+        constants = [tf.constant(x, tf.float32)
+                     for x in (0.0, self.beta_1, self.beta_2, self.epsilon)]
 
         def apply(variable, gradient, m, v, step_size):
+            # The op takes every input in the variable's dtype (casts that do nothing in float32).
+            zero, beta_1, beta_2, epsilon, lr = (tf.cast(x, variable.dtype)
+                                                 for x in (*constants, step_size))
             return tf.raw_ops.ResourceApplyAdam(
                 var=variable.handle, m=m.handle, v=v.handle, beta1_power=zero, beta2_power=zero,
-                lr=step_size, beta1=beta_1, beta2=beta_2, epsilon=epsilon,
-                grad=tf.convert_to_tensor(gradient))
+                lr=lr, beta1=beta_1, beta2=beta_2, epsilon=epsilon,
+                grad=tf.cast(tf.convert_to_tensor(gradient), variable.dtype))
 
         for gradient, variable in grads_and_vars:
             index = self._get_variable_index(variable)

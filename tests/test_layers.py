@@ -141,7 +141,10 @@ def test_token_weighted_adam_follows_kingma_and_ba(rng, strategy, amsgrad):
 
     @tf.function
     def apply(grad):
-        strategy.run(lambda g: optimizer.apply_gradients([(tf.identity(g), variable)]), args=(grad,))
+        # tf.identity: the gradient each replica hands over is made on its device, as in a
+        # step (the all-reduce needs one).
+        strategy.run(lambda g: optimizer.apply_gradients([(tf.identity(g), variable)]),
+                     args=(grad,))
 
     for grad in grads:
         apply(tf.constant(grad / strategy.num_replicas_in_sync))
