@@ -24,6 +24,14 @@ def _float32_policy():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.fixture(scope="session")
+def two_cpu_replicas():
+    """One MirroredStrategy over the two logical CPUs for every in-process test: a second
+    strategy in the same process numbers its collective ops from the same start, and the
+    collective executor then mistakes one's all-reduce for the other's (a shape mismatch)."""
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

@@ -124,16 +124,13 @@ def adam_in_numpy(start, grads, lr, beta_1=0.9, beta_2=0.98, epsilon=1e-9, amsgr
 
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_token_weighted_adam_follows_kingma_and_ba(rng, strategy, amsgrad):
+def test_token_weighted_adam_follows_kingma_and_ba(rng, strategy, amsgrad, two_cpu_replicas):
     """The update (TensorFlow's fused op per variable; Keras' ops with amsgrad) against NumPy,
     on one device and under MirroredStrategy with two replicas, each handed half of every
     gradient (Keras sums the replicas' gradients)."""
     start = rng.normal(size=(5, 3)).astype(np.float32)
     grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(4)]
-    if strategy == "mirrored":
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    else:
-        strategy = tf.distribute.get_strategy()
+    strategy = two_cpu_replicas if strategy == "mirrored" else tf.distribute.get_strategy()
     with strategy.scope():
         optimizer = kt.make_optimizer(0.01, epsilon=1e-7, amsgrad=amsgrad)
         variable = keras.Variable(start)

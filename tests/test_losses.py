@@ -192,7 +192,7 @@ def loss_and_gradients(strategy, weights, inputs, labels):
     return reduce(loss).numpy(), [reduce(g).numpy() for g in grads]
 
 
-def test_mirrored_loss_and_gradients_equal_single_device(rng):
+def test_mirrored_loss_and_gradients_equal_single_device(rng, two_cpu_replicas):
     model = kt.Transformer(small_config())
     model.build()
     weights = model.get_weights()
@@ -200,7 +200,7 @@ def test_mirrored_loss_and_gradients_equal_single_device(rng):
     inputs = {"source_ids": random_ids(rng, 4, 6, 50), "target_ids": random_ids(rng, 4, 5, 50)}
     inputs["target_ids"][:2, 1:] = 0
     labels = np.roll(inputs["target_ids"], -1, axis=1)
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = two_cpu_replicas
     assert mirrored.num_replicas_in_sync == 2
     single_loss, single_grads = loss_and_gradients(tf.distribute.get_strategy(), weights,
                                                    inputs, labels)
