@@ -1,0 +1,126 @@
+"""What a part of the training step costs here, as wall-clock: the trainer's model and batches
+once as configured and once per variant with model settings changed (`dropout=0`,
+`num_heads=8,key_dim=32`), every model built in one process and timed in alternating rounds so
+that the machine's drift hits all alike, beside the step's matmul floor.
+
+    python -m benchmarks.step_ablation [--corpus news|sample] [--precision float32]
+        [--variants dropout=0 ...] [--rounds 5] [--steps 8]
+        [--out benchmarks/results/step_ablation_<corpus>_<precision>.json]
+
+The profiler (`benchmarks.step_profile`) gives each op's time, but ops that run at once share
+the cores and each looks slower than it is, so shares of op time do not say what removing a
+part would save; the step's time with the part removed does.
+"""
+
+import argparse
+import ast
+import dataclasses
+import os
+import statistics
+import time
+
+from benchmarks.end_to_end import NEWS_DIR, hardware, matmul_floor_of, trainer_batches
+from benchmarks.step_profile import corpus_flags
+
+
+def parse_variant(text):
+    """"dropout=0,attention_dropout=0.1" -> {"dropout": 0, "attention_dropout": 0.1}."""
+    overrides = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        try:
+            overrides[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", choices=("news", "sample"), default="news")
+    parser.add_argument("--news_dir", default=NEWS_DIR)
+    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--variants", nargs="+", default=["dropout=0"],
+                        help="model settings (TransformerConfig fields) changed, one variant "
+                             "per word: key=value[,key=value]")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8, help="steps per model and round")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    import keras_transformer as kt
+    from benchmarks import save
+    from trainers import training
+
+    config, settings, batches = trainer_batches(
+        corpus_flags(args.corpus, args.news_dir, args.precision))
+    keras.mixed_precision.set_global_policy(settings.precision)
+    # The same batches for every model, after as many again so the shuffle has mixed.
+    fixed = list(batches.skip(args.steps).take(args.steps).as_numpy_iterator())
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(fixed), output_signature=batches.element_spec).repeat()
+    variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
+    models = {}
+    for name, overrides in variants.items():
+        variant = dataclasses.replace(config, **overrides)
+        schedule = kt.TransformerSchedule(variant.d_model, variant.warmup_steps,
+                                          settings.lr_scale)
+        models[name] = training.compiled_model(settings, variant, schedule,
+                                               tf.distribute.get_strategy())
+        models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
+
+    step_times = {name: [] for name in models}
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self, out):
+            super().__init__()
+            self.out = out
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            float(logs["loss"])
+            self.out.append(time.perf_counter() - self.start)
+
+    rounds = []
+    for round_ in range(args.rounds):
+        for name, model in models.items():
+            model.fit(dataset, steps_per_epoch=args.steps, epochs=1, verbose=0,
+                      callbacks=[Timer(step_times[name])])
+        rounds.append({name: statistics.median(t[-args.steps:])
+                       for name, t in step_times.items()})
+        print(f"round {round_ + 1}:", {k: round(v, 3) for k, v in rounds[-1].items()},
+              flush=True)
+    floor, real = matmul_floor_of(config, fixed, settings.precision)
+    report = {"hardware": hardware(), "corpus": args.corpus, "precision": args.precision,
+              "steps": args.steps, "rounds": rounds, "matmul_floor_s": floor,
+              "real_target_tokens_per_step": real,
+              "step_s": {name: statistics.median(t) for name, t in step_times.items()},
+              "variants": variants}
+    save(args.out or f"benchmarks/results/step_ablation_{args.corpus}_{args.precision}.json",
+         report, markdown(report))
+
+
+def markdown(report):
+    h = report["hardware"]
+    base = report["step_s"]["as configured"]
+    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
+             f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+             f"tiny on the {report['corpus']} corpus, {report['precision']}, the trainer's own "
+             f"batches ({report['real_target_tokens_per_step']:,.0f} real target tokens a "
+             f"step); {len(report['rounds'])} alternating rounds of {report['steps']} steps",
+             "", "| model | step (median) | against as configured | step / matmul floor "
+             f"({report['matmul_floor_s']:.3f} s) | medians per round |", "|---|---|---|---|---|"]
+    for name, step in report["step_s"].items():
+        per_round = ", ".join(f"{r[name]:.3f}" for r in report["rounds"])
+        lines.append(f"| {name} | {step:.3f} s | {step / base:.3f} | "
+                     f"{step / report['matmul_floor_s']:.2f} | {per_round} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
