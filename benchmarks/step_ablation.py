@@ -55,6 +55,12 @@ def main(argv=None):
     from benchmarks import save
     from trainers import training
 
+    variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
+    fields = {f.name for f in dataclasses.fields(kt.TransformerConfig)}
+    unknown = sorted({key for overrides in variants.values() for key in overrides} - fields)
+    if unknown:
+        raise SystemExit(f"--variants: {', '.join(unknown)} is not a model setting; use "
+                         f"TransformerConfig fields ({', '.join(sorted(fields))}).")
     config, settings, batches = trainer_batches(
         corpus_flags(args.corpus, args.news_dir, args.precision))
     keras.mixed_precision.set_global_policy(settings.precision)
@@ -62,7 +68,6 @@ def main(argv=None):
     fixed = list(batches.skip(args.steps).take(args.steps).as_numpy_iterator())
     dataset = tf.data.Dataset.from_generator(
         lambda: iter(fixed), output_signature=batches.element_spec).repeat()
-    variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
     models = {}
     for name, overrides in variants.items():
         variant = dataclasses.replace(config, **overrides)
