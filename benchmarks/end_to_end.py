@@ -79,6 +79,12 @@ def hardware():
             "tensorflow": tf.__version__}
 
 
+def describe_hardware(h):
+    """`hardware()`'s figures as the first words of a results table's header line."""
+    return (f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
+            f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}")
+
+
 def trainer_batches(corpus_args):
     """(config, settings, batches): the model configuration and the training batches that
     `python -m trainers.wmt corpus_args` builds (its vocabulary from the shared cache)."""
@@ -210,8 +216,7 @@ def over(a, b):
 
 def markdown(report):
     h = report["hardware"]
-    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul "
-             f"peak {h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+    lines = [f"{describe_hardware(h)}; "
              f"corpus {report['corpus']}, {report['precision']}, {report['minutes']:g} minutes "
              f"each, batch budget {report['settings']['batch_tokens']} tokens"
              + (f"; ours with {report['ours_args']}" if report["ours_args"] else ""),

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.end_to_end import CORPORA, ROOT
+from benchmarks.end_to_end import CORPORA, ROOT, describe_hardware
 
 KERNELS = ("dropout",)
 VARIANTS = {"hand-written": (), **{f"stock {k}": (k,) for k in KERNELS}}
@@ -70,8 +70,7 @@ def run(kernels, minutes, work):
 
 def markdown(report):
     h = report["hardware"]
-    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul "
-             f"peak {h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+    lines = [f"{describe_hardware(h)}; "
              f"the sample corpus, tiny preset, float32, {report['minutes']:g} minutes a run",
              "", "| kernels | real target tokens/s (each run) | median | vs hand-written |",
              "|---|---|---|---|"]

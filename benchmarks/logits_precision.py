@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 
-from benchmarks.end_to_end import NEWS_DIR, hardware
+from benchmarks.end_to_end import NEWS_DIR, describe_hardware, hardware
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -94,8 +94,7 @@ def main(argv=None):
 
 def markdown(report):
     h = report["hardware"]
-    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
-             f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+    lines = [f"{describe_hardware(h)}; "
              f"tiny on the {report['corpus']} corpus, mixed_bfloat16, {report['rounds']} rounds "
              f"of {report['steps_per_round']} steps a way "
              f"({report['real_target_tokens_per_step']:,.0f} real target tokens a step)",

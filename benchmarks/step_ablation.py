@@ -19,7 +19,8 @@ import os
 import statistics
 import time
 
-from benchmarks.end_to_end import NEWS_DIR, hardware, matmul_floor_of, trainer_batches
+from benchmarks.end_to_end import (NEWS_DIR, describe_hardware, hardware, matmul_floor_of,
+                                   trainer_batches)
 from benchmarks.step_profile import corpus_flags
 
 
@@ -113,8 +114,7 @@ def main(argv=None):
 def markdown(report):
     h = report["hardware"]
     base = report["step_s"]["as configured"]
-    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
-             f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+    lines = [f"{describe_hardware(h)}; "
              f"tiny on the {report['corpus']} corpus, {report['precision']}, the trainer's own "
              f"batches ({report['real_target_tokens_per_step']:,.0f} real target tokens a "
              f"step); {len(report['rounds'])} alternating rounds of {report['steps']} steps",

@@ -20,8 +20,8 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.end_to_end import (CORPORA, NEWS_DIR, hardware, matmul_floor_of,
-                                   news_corpus, trainer_batches)
+from benchmarks.end_to_end import (CORPORA, NEWS_DIR, describe_hardware, hardware,
+                                   matmul_floor_of, news_corpus, trainer_batches)
 
 # The part of the step an op belongs to, by its name scope (Keras computes the compiled
 # metrics outside any scope of their own: they are the rest).
@@ -156,8 +156,7 @@ def main(argv=None):
 
 def markdown(report):
     h = report["hardware"]
-    lines = [f"{h['cpu']}, {h['cores']} cores, flags {' '.join(h['flags'])}; float32 matmul peak "
-             f"{h['matmul_peak_gflops_float32']:.0f} GFLOP/s; TensorFlow {h['tensorflow']}; "
+    lines = [f"{describe_hardware(h)}; "
              f"tiny on the {report['corpus']} corpus, {report['precision']}, the trainer's own "
              f"batches ({report['real_target_tokens_per_step']:,.0f} real target tokens a step)",
              "",
