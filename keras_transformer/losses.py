@@ -67,7 +67,9 @@ def _cross_entropy_functions():
     [N, V] in the logits' dtype."""
     import tensorflow as tf
 
-    @tf.function(jit_compile=True)
+    # No autograph: neither half has Python control flow to convert, and converting them
+    # lengthened every trace of a step that computes the loss.
+    @tf.function(jit_compile=True, autograph=False)
     def forward(logits, labels, eps):
         x = tf.cast(logits, tf.float32)
         largest = tf.reduce_max(x, axis=-1)
@@ -78,7 +80,7 @@ def _cross_entropy_functions():
         return (log_normalizer - eps / vocab * tf.reduce_sum(x, -1) - (1.0 - eps) * chosen,
                 log_normalizer)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def backward(logits, labels, log_normalizer, upstream, eps):
         x = tf.cast(logits, tf.float32)
         vocab = tf.shape(x)[-1]
