@@ -68,7 +68,7 @@ def _cross_entropy_functions():
     import tensorflow as tf
 
     # No autograph: neither half has Python control flow to convert, and converting them
-    # lengthened every trace of a step that computes the loss.
+    # lengthened each process's first trace of the loss.
     @tf.function(jit_compile=True, autograph=False)
     def forward(logits, labels, eps):
         x = tf.cast(logits, tf.float32)
