@@ -30,6 +30,7 @@ from keras_transformer.embedding import (
 )
 from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import FeedForward
+from keras_transformer.layer_norm import LayerNorm, layer_norm
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy, Perplexity
 from keras_transformer.masks import causal_mask, padding_mask
 from keras_transformer.model import Transformer

@@ -8,12 +8,13 @@ from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import make_position_layer
 from keras_transformer.feed_forward import FeedForward
+from keras_transformer.layer_norm import LayerNorm
 
 
 def make_layer_norm(epsilon, name, dtype):
-    """Keras' `LayerNormalization` over the last axis, which computes in float32 under mixed
-    precision and returns the compute dtype (the gain `gamma` and bias `beta` [d])."""
-    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+    """A `LayerNorm` over the last axis, which computes in float32 under mixed precision and
+    returns the compute dtype (the gain `gamma` and bias `beta` [d])."""
+    return LayerNorm(epsilon=epsilon, name=name, dtype=dtype)
 
 
 class StackedLayer(keras.layers.Layer):

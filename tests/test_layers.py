@@ -39,6 +39,31 @@ def test_layer_norm_and_its_gradient_match_numpy(rng, policy, atol):
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_layer_norm_equals_keras_layer_normalization(rng, policy):
+    """`LayerNorm`'s written-out gradient against autodiff through Keras' own layer of the
+    same weights, on a rank-4 input; its config makes the same layer again."""
+    x = tf.constant(rng.normal(size=(2, 3, 4, 8)) * 3 - 1, tf.float32)
+    upstream = tf.constant(rng.normal(size=(2, 3, 4, 8)), tf.float32)
+    ours = kt.LayerNorm(epsilon=1e-3, dtype=policy)
+    keras_norm = keras.layers.LayerNormalization(epsilon=1e-3, dtype=policy)
+    results = []
+    for norm in (ours, keras_norm):
+        norm.build(x.shape)
+        norm.set_weights([rng.normal(size=8), rng.normal(size=8)] if norm is ours
+                         else ours.get_weights())
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = norm(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        results.append([tf.cast(t, tf.float32).numpy()
+                        for t in [y, *tape.gradient(loss, [x, norm.gamma.value, norm.beta.value])]])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    again = kt.LayerNorm.from_config(ours.get_config())
+    assert (again.epsilon, again.dtype_policy.name) == (1e-3, policy)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_dropout_rate_scale_and_gradient(policy):
     rate = 0.1
     layer = kt.Dropout(rate, seed=3, dtype=policy)
