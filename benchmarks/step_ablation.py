@@ -1,10 +1,11 @@
 """What a part of the training step costs here, as wall-clock: the trainer's model and batches
 once as configured and once per variant with model settings changed (`dropout=0`,
-`num_heads=8,key_dim=32`), every model built in one process and timed in alternating rounds so
-that the machine's drift hits all alike, beside the step's matmul floor.
+`num_heads=8,key_dim=32`) or `layer_norm=keras` (Keras' `LayerNormalization`, differentiated
+by autodiff, in place of `kt.LayerNorm`), every model built in one process and timed in
+alternating rounds so that the machine's drift hits all alike, beside the step's matmul floor.
 
     python -m benchmarks.step_ablation [--corpus news|sample] [--precision float32]
-        [--variants dropout=0 ...] [--rounds 5] [--steps 8]
+        [--variants dropout=0 layer_norm=keras ...] [--rounds 5] [--steps 8]
         [--out benchmarks/results/step_ablation_<corpus>_<precision>.json]
 
 The profiler (`benchmarks.step_profile`) gives each op's time, but ops that run at once share
@@ -14,6 +15,7 @@ part would save; the step's time with the part removed does.
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -43,7 +45,8 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--variants", nargs="+", default=["dropout=0"],
                         help="model settings (TransformerConfig fields) changed, one variant "
-                             "per word: key=value[,key=value]")
+                             "per word: key=value[,key=value]; layer_norm=keras for Keras' "
+                             "LayerNormalization")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps per model and round")
     parser.add_argument("--out", default=None)
@@ -56,7 +59,23 @@ def main(argv=None):
     from benchmarks import save
     from trainers import training
 
+    from keras_transformer import stack
+
+    @contextlib.contextmanager
+    def keras_layer_norm():
+        """Models built within use Keras' LayerNormalization (made in the layers' __init__)."""
+        ours, stack.make_layer_norm = stack.make_layer_norm, (
+            lambda epsilon, name, dtype: keras.layers.LayerNormalization(
+                epsilon=epsilon, name=name, dtype=dtype))
+        try:
+            yield
+        finally:
+            stack.make_layer_norm = ours
+
     variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
+    norms = {name: overrides.pop("layer_norm", "ours") for name, overrides in variants.items()}
+    if set(norms.values()) - {"ours", "keras"}:
+        raise SystemExit("--variants: layer_norm=keras is the only other layer norm.")
     fields = {f.name for f in dataclasses.fields(kt.TransformerConfig)}
     unknown = sorted({key for overrides in variants.values() for key in overrides} - fields)
     if unknown:
@@ -74,8 +93,9 @@ def main(argv=None):
         variant = dataclasses.replace(config, **overrides)
         schedule = kt.TransformerSchedule(variant.d_model, variant.warmup_steps,
                                           settings.lr_scale)
-        models[name] = training.compiled_model(settings, variant, schedule,
-                                               tf.distribute.get_strategy())
+        with keras_layer_norm() if norms[name] == "keras" else contextlib.nullcontext():
+            models[name] = training.compiled_model(settings, variant, schedule,
+                                                   tf.distribute.get_strategy())
         models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
 
     step_times = {name: [] for name in models}
@@ -106,7 +126,7 @@ def main(argv=None):
               "steps": args.steps, "rounds": rounds, "matmul_floor_s": floor,
               "real_target_tokens_per_step": real,
               "step_s": {name: statistics.median(t) for name, t in step_times.items()},
-              "variants": variants}
+              "variants": variants, "layer_norms": norms}
     save(args.out or f"benchmarks/results/step_ablation_{args.corpus}_{args.precision}.json",
          report, markdown(report))
 
