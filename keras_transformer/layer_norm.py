@@ -10,8 +10,8 @@ def layer_norm(x, gamma, beta, epsilon):
 
     Autodiff through Keras' formulation takes about 40 ops a norm (broadcasts, reductions of
     each partial product), most of them passes over [tokens, d]; the closed form takes half
-    as many. Under mixed_bfloat16, where the matrix products are cheap, the norms were the
-    largest part of a training step after them (benchmarks/results/layer_norm_*).
+    as many. That matters where the matrix products are cheap (bfloat16 on CPUs that compute
+    it natively): there the norms were the largest part of a training step after them.
 
     Args: x [..., d] (any float dtype); gamma, beta [d] float32.
     Returns: [..., d] in x's dtype.
@@ -56,5 +56,7 @@ class LayerNorm(keras.layers.LayerNormalization):
         if self.axis not in (-1, [-1], [len(inputs.shape) - 1]) or not (self.center and
                                                                        self.scale):
             return super().call(inputs)
+        # Their values, not the variables: TensorFlow's custom gradient would otherwise ask
+        # for the variables' gradients apart from the inputs'.
         outputs = layer_norm(inputs, ops.copy(self.gamma), ops.copy(self.beta), self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
