@@ -28,9 +28,9 @@ def layer_norm(x, gamma, beta, epsilon):
         def grad(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
             d_out = ops.cast(upstream, "float32")
-            d_flat = ops.reshape(d_out, (-1, d_out.shape[-1]))
-            d_gamma = ops.sum(d_flat * ops.reshape(normalized, ops.shape(d_flat)), axis=0)
-            d_beta = ops.sum(d_flat, axis=0)
+            positions = tuple(range(len(d_out.shape) - 1))
+            d_gamma = ops.sum(d_out * normalized, axis=positions)
+            d_beta = ops.sum(d_out, axis=positions)
             # d normalized = d_out * gamma; through the mean and the variance:
             # dx = (g - mean(g) - normalized * mean(g * normalized)) / std.
             g = d_out * gamma
@@ -53,8 +53,8 @@ class LayerNorm(keras.layers.LayerNormalization):
     """
 
     def call(self, inputs):
-        if self.axis not in (-1, [-1], [len(inputs.shape) - 1]) or not (self.center and
-                                                                       self.scale):
+        # (build has made self.axis a list)
+        if self.axis not in ([-1], [len(inputs.shape) - 1]) or not (self.center and self.scale):
             return super().call(inputs)
         # Their values, not the variables: TensorFlow's custom gradient would otherwise ask
         # for the variables' gradients apart from the inputs'.
