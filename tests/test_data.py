@@ -154,8 +154,9 @@ BAD_SOURCE = [b"   ", b"Fine.", b"\xff\xfe broken", b"Also fine."]
 BAD_TARGET = [b"Leer.", b"", "Gut.".encode(), "Auch gut.".encode()]
 
 
-@pytest.mark.parametrize("gz", [False, True])
-def test_parallel_files_skip_and_count_bad_lines(tmp_path, caplog, gz):
+@pytest.mark.parametrize("gz,block", [(False, corpora.BLOCK), (True, 2)])
+def test_parallel_files_skip_and_count_bad_lines(tmp_path, caplog, monkeypatch, gz, block):
+    monkeypatch.setattr(corpora, "BLOCK", block)  # 2: bad lines in several blocks, one partial
     suffix = ".gz" if gz else ""
     source = write(tmp_path / f"train.en{suffix}",
                    [en.encode() for en, _ in GOOD] + BAD_SOURCE, gz)
@@ -173,7 +174,9 @@ def test_parallel_files_skip_and_count_bad_lines(tmp_path, caplog, gz):
     assert "2 empty" in caplog.text and "1 not valid UTF-8" in caplog.text
 
 
-def test_tsv_skips_and_counts_malformed_lines(tmp_path):
+@pytest.mark.parametrize("block", [corpora.BLOCK, 3])
+def test_tsv_skips_and_counts_malformed_lines(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(corpora, "BLOCK", block)
     lines = [f"{en}\t{de}".encode() for en, de in GOOD] + [
         b"no tab here", b"a\tb\tc", b" \tleer", b"\xc3\x28\tkaputt", "Ja.\tJa.\r".encode()]
     path = write(tmp_path / "pairs.tsv.gz", lines, gz=True)
