@@ -9,6 +9,9 @@ matmul floor (benchmarks.training.matmul_floor: exactly the step's matrix produc
 
 Op times are summed over TensorFlow's threads (2 on a 2-core machine), so shares are of the
 op time, not of the wall clock; the wall-clock step time and the floor are measured apart.
+The op events are also laid on one time line: how much of the wall clock some matrix product
+runs, only other ops run (and which), or nothing runs (waiting on the host, or XLA compiling
+the loss for a token count it has not seen).
 """
 
 import argparse
@@ -38,12 +41,11 @@ def part_of(name):
     return "metrics and the rest"
 
 
-def op_times(logdir):
-    """{(op type, part): seconds} summed over the profile's TensorFlow op events and XLA
-    programs."""
+def op_events(logdir):
+    """(start, end, op type, part) of each TensorFlow op and XLA program in the profile, in
+    picoseconds on the host's clock."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    times = collections.Counter()
     for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
         space = xplane_pb2.XSpace()
         space.ParseFromString(pathlib.Path(path).read_bytes())
@@ -51,16 +53,56 @@ def op_times(logdir):
             for line in plane.lines:
                 for event in line.events:
                     name = plane.event_metadata[event.metadata_id].name
+                    start = line.timestamp_ns * 1000 + event.offset_ps
+                    end = start + event.duration_ps
                     if name == "CpuExecutable::ExecuteAsyncOnStream":
                         # An XLA-compiled program, whose ops are not TensorFlow ops: in the
                         # trainer's step, the loss and its gradient (losses.py).
-                        times[("XLA program", "loss")] += event.duration_ps / 1e12
-                        continue
-                    if ":" not in name or not name.startswith("StatefulPartitionedCall"):
-                        continue
-                    scope, kind = name.rsplit(":", 1)
-                    times[(kind, part_of(scope))] += event.duration_ps / 1e12
+                        yield start, end, "XLA program", "loss"
+                    elif ":" in name and name.startswith("StatefulPartitionedCall"):
+                        scope, kind = name.rsplit(":", 1)
+                        yield start, end, kind, part_of(scope)
+
+
+def op_times(logdir):
+    """{(op type, part): seconds} summed over the profile's TensorFlow op events and XLA
+    programs."""
+    times = collections.Counter()
+    for start, end, kind, part in op_events(logdir):
+        times[(kind, part)] += (end - start) / 1e12
     return times
+
+
+def is_matmul(kind):
+    return "MatMul" in kind or "Einsum" in kind
+
+
+def wall_clock(logdir):
+    """Seconds of the profile's wall clock (first op to last) during which some matrix
+    product runs ("matmul running"), only other ops run ("other ops only"), or no op runs
+    ("nothing running"); and {(op type, part): seconds} of the second, each instant shared
+    among the ops running then."""
+    events = list(op_events(logdir))
+    edges = sorted([(start, 1, i) for i, (start, *_) in enumerate(events)]
+                   + [(end, -1, i) for i, (_, end, *_) in enumerate(events)])
+    spans = collections.Counter()
+    others = collections.Counter()
+    running = set()
+    for (time_ps, change, i), (next_ps, *_) in zip(edges, edges[1:] + edges[-1:]):
+        if change > 0:
+            running.add(i)
+        else:
+            running.discard(i)
+        seconds = (next_ps - time_ps) / 1e12
+        if not running:
+            spans["nothing running"] += seconds
+        elif any(is_matmul(events[j][2]) for j in running):
+            spans["matmul running"] += seconds
+        else:
+            spans["other ops only"] += seconds
+            for j in running:
+                others[events[j][2:]] += seconds / len(running)
+    return spans, others
 
 
 def corpus_flags(corpus, news_dir, precision):
@@ -133,6 +175,7 @@ def main(argv=None):
               verbose=0)
     tf.profiler.experimental.stop()
     times = op_times(logdir)
+    spans, others = wall_clock(logdir)
 
     profiled = fixed[args.warmup:args.warmup + args.steps]
     floor, real = matmul_floor_of(config, profiled, args.precision)
@@ -149,7 +192,11 @@ def main(argv=None):
               "by_part": {k: v / total for k, v in by_part.most_common()},
               "by_type": {k: v / total for k, v in by_type.most_common()},
               "top": [{"op": kind, "part": part, "share": seconds / total}
-                      for (kind, part), seconds in times.most_common(args.top)]}
+                      for (kind, part), seconds in times.most_common(args.top)],
+              "wall_clock_per_step_s": {k: v / args.steps for k, v in spans.items()},
+              "other_ops_only_per_step_s": [
+                  {"op": kind, "part": part, "seconds": seconds / args.steps}
+                  for (kind, part), seconds in others.most_common(args.top)]}
     save(args.out or f"benchmarks/results/step_profile_{args.corpus}_{args.precision}.json",
          report, markdown(report))
 
@@ -167,6 +214,14 @@ def markdown(report):
     lines += [f"| {k} | {100 * v:.1f}% |" for k, v in report["by_part"].items()]
     lines += ["", "| op type | part | share of op time |", "|---|---|---|"]
     lines += [f"| {t['op']} | {t['part']} | {100 * t['share']:.1f}% |" for t in report["top"]]
+    if "wall_clock_per_step_s" in report:
+        spans = report["wall_clock_per_step_s"]
+        lines += ["", "Wall clock of the profiled steps, per step: " + ", ".join(
+            f"{k} {1000 * spans.get(k, 0.0):.0f} ms"
+            for k in ("matmul running", "other ops only", "nothing running")),
+            "", "| while no matrix product runs: op type | part | ms a step |", "|---|---|---|"]
+        lines += [f"| {t['op']} | {t['part']} | {1000 * t['seconds']:.1f} |"
+                  for t in report["other_ops_only_per_step_s"]]
     return "\n".join(lines)
 
 

@@ -40,3 +40,44 @@ def test_training_flops_follow_the_printed_formula():
     per_target = layers * (12 * d * d + 4 * d * f + 4 * target * d + 4 * source * d) + 2 * d * vocab
     expected = 3 * batch * (source * per_source + target * per_target)
     assert step_flops(config, batch, source, target) == expected
+
+
+def test_step_profile_wall_clock_against_a_brute_force_timeline(tmp_path):
+    # Op events on two threads, laid on a time line by the benchmark and by sampling every
+    # picosecond here.
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from benchmarks.step_profile import wall_clock
+
+    ops = {1: "StatefulPartitionedCall/gradient_tape/dense/MatMul:_MklMatMul",
+           2: "StatefulPartitionedCall/transformer/dropout/mul:Mul",
+           3: "CpuExecutable::ExecuteAsyncOnStream",
+           4: "StatefulPartitionedCall/transformer/add:AddV2"}
+    threads = [[(1, 0, 10), (3, 22, 30)], [(2, 5, 15), (4, 26, 34), (1, 40, 44)]]
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    for metadata_id, name in ops.items():
+        plane.event_metadata[metadata_id].name = name
+    for events in threads:
+        line = plane.lines.add(timestamp_ns=0)
+        for metadata_id, start, end in events:
+            line.events.add(metadata_id=metadata_id, offset_ps=start, duration_ps=end - start)
+    (tmp_path / "host.xplane.pb").write_bytes(space.SerializeToString())
+
+    spans, others = wall_clock(str(tmp_path))
+    expected = {"matmul running": 0, "other ops only": 0, "nothing running": 0}
+    shares = {}
+    for tick in range(44):
+        running = [ops[i].rsplit(":", 1)[-1] for thread in threads for i, start, end in thread
+                   if start <= tick < end]
+        kind = ("nothing running" if not running else "matmul running"
+                if any("MatMul" in name for name in running) else "other ops only")
+        expected[kind] += 1
+        if kind == "other ops only":
+            for name in running:
+                shares[name] = shares.get(name, 0) + 1 / len(running)
+    assert {k: round(v * 1e12) for k, v in spans.items()} == {
+        k: v for k, v in expected.items() if v}
+    assert {kind: round(v * 1e12, 6) for (kind, _), v in others.items()} == {
+        ("XLA program" if k == "ExecuteAsyncOnStream" else k): round(v, 6)
+        for k, v in shares.items()}
