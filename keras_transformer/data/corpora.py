@@ -143,8 +143,8 @@ def files_dataset(paths, counts=None, regions=1):
     blocks = lines.batch(BLOCK)
     if len(paths) == 1:
         @tf.autograph.experimental.do_not_convert  # see pipeline.py's docstring
-        def fields(line):
-            parts = tf.strings.split(line, "\t")
+        def fields(block):
+            parts = tf.strings.split(block, "\t")
             padded = parts.to_tensor(default_value="", shape=[None, 2])
             return padded[:, 0], padded[:, 1], parts.row_lengths() == 2
 
