@@ -79,15 +79,14 @@ def _clean_pairs(blocks, counts):
     @tf.autograph.experimental.do_not_convert  # see pipeline.py's docstring
     def clean(source, target, well_formed):
         valid = _valid_utf8(source) & _valid_utf8(target)
-        empty = ((tf.strings.length(tf.strings.strip(source)) == 0)
-                 | (tf.strings.length(tf.strings.strip(target)) == 0))
+        source, target = tf.strings.strip(source), tf.strings.strip(target)
+        empty = (tf.strings.length(source) == 0) | (tf.strings.length(target) == 0)
         counts.count("not two tab-separated fields", ~well_formed)
         counts.count("not valid UTF-8", well_formed & ~valid)
         counts.count("empty", well_formed & valid & empty)
         ok = well_formed & valid & ~empty
         counts.count("kept", ok)
-        return (tf.strings.strip(tf.boolean_mask(source, ok)),
-                tf.strings.strip(tf.boolean_mask(target, ok)))
+        return tf.boolean_mask(source, ok), tf.boolean_mask(target, ok)
 
     return blocks.map(clean).unbatch()
 
