@@ -84,6 +84,34 @@ def test_cross_entropy_takes_bfloat16_logits_and_any_batch_shape(rng):
                                    atol=2e-3, rtol=1e-2)
 
 
+def test_compiled_loss_converts_bfloat16_bits_as_tf_cast_does(rng):
+    """The compiled loss converts between bfloat16 and float32 on the bits (losses.py says
+    why): bit for bit what `tf.cast` gives, eagerly and compiled by XLA, for random bit
+    patterns and the edges: ties to even, rounding up into the exponent, the largest finite
+    values rounding to infinity, infinities, subnormals and NaN (kept NaN)."""
+    edges = [0, 1, 0x8000, 0x7FFF, 0x8001, 0x18000, 0x17FFF, 0x3F808000, 0x3F818000,
+             0x3FFFFFFF, 0x007FFFFF, 0x807FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF,
+             0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF,
+             0xFFFFFFFF]
+    bits = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+                           np.array(edges, np.uint32)])
+    x = tf.constant(bits.view(np.float32))
+    nan = np.isnan(bits.view(np.float32))
+    expected = tf.bitcast(tf.cast(x, tf.bfloat16), tf.uint16).numpy()
+    compiled = tf.function(kt.losses._rounded, jit_compile=True)
+    for rounded in (kt.losses._rounded(x, tf.bfloat16), compiled(x, tf.bfloat16)):
+        assert rounded.dtype == tf.bfloat16
+        np.testing.assert_array_equal(tf.bitcast(rounded, tf.uint16).numpy()[~nan],
+                                      expected[~nan])
+        assert np.isnan(tf.cast(rounded, tf.float32).numpy()[nan]).all()
+    low = tf.bitcast(tf.constant(np.arange(2**16, dtype=np.uint16)), tf.bfloat16)
+    finite = np.isfinite(tf.cast(low, tf.float32).numpy())
+    for widened in (kt.losses._widened(low), tf.function(kt.losses._widened, jit_compile=True)(low)):
+        assert widened.dtype == tf.float32
+        np.testing.assert_array_equal(widened.numpy()[finite], tf.cast(low, tf.float32).numpy()[finite])
+        assert np.isnan(widened.numpy()[~finite]).sum() == np.isnan(tf.cast(low, tf.float32).numpy()).sum()
+
+
 def numpy_softmax_minus_target(labels, z, eps):
     """d loss / d logits of §5.4's smoothed cross-entropy: softmax(z) - t."""
     softmax = np.exp(z - z.max(-1, keepdims=True))
