@@ -22,11 +22,13 @@ def _compiled_cross_entropy(labels, logits, label_smoothing):
     """`smoothed_cross_entropy` on TensorFlow: the loss and its gradient each compiled by XLA
     into one or two passes over [tokens, V] (TensorFlow's fused kernel takes several, one into
     a buffer it allocates and zeroes afresh at every call). XLA compiles once per shape, so
-    the token count is padded up to one of 8 sizes per power of two (at most 1/8 more rows).
+    the token count is padded (`compiled.padding_rows`).
     A float32 tensor cast up from bfloat16 or float16 (the model's logits under mixed
     precision) is read as the tensor it was cast from: the same numbers, with the cast and its
     gradient's cast inside the compiled passes."""
     import tensorflow as tf
+
+    from keras_transformer.compiled import padding_rows
 
     source = getattr(logits, "op", None)  # graph tensors only
     if (source is not None and source.type == "Cast"
@@ -38,10 +40,7 @@ def _compiled_cross_entropy(labels, logits, label_smoothing):
     flat = tf.reshape(logits, [-1, shape[-1]])
     flat_labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
     tokens = tf.shape(flat)[0]
-    octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(tokens, 1), tf.float32))
-                                   / tf.math.log(2.0)), tf.int32)
-    granule = tf.bitwise.left_shift(1, tf.maximum(octave - 3, 3))
-    padding = [[0, (granule - tokens % granule) % granule]]
+    padding = [[0, padding_rows(tokens)]]
     eps = tf.constant(label_smoothing, tf.float32)
 
     @tf.custom_gradient
@@ -67,11 +66,13 @@ def _cross_entropy_functions():
     [N, V] in the logits' dtype."""
     import tensorflow as tf
 
+    from keras_transformer.compiled import rounded, widened
+
     # No autograph: neither half has Python control flow to convert, and converting them
     # lengthened each process's first trace of the loss.
     @tf.function(jit_compile=True, autograph=False)
     def forward(logits, labels, eps):
-        x = _widened(logits)
+        x = widened(logits)
         largest = tf.reduce_max(x, axis=-1)
         log_normalizer = tf.math.log(tf.reduce_sum(tf.exp(x - largest[:, None]), -1)) + largest
         chosen = tf.gather(x, labels, axis=1, batch_dims=1)
@@ -82,42 +83,15 @@ def _cross_entropy_functions():
 
     @tf.function(jit_compile=True, autograph=False)
     def backward(logits, labels, log_normalizer, upstream, eps):
-        x = _widened(logits)
+        x = widened(logits)
         vocab = tf.shape(x)[-1]
         off = eps / tf.cast(vocab, tf.float32)
         target = tf.one_hot(labels, vocab, on_value=1.0 - eps + off, off_value=off)
         softmax = tf.exp(x - log_normalizer[:, None])
-        return _rounded((softmax - target) * upstream[:, None], logits.dtype)
+        return rounded((softmax - target) * upstream[:, None], logits.dtype)
 
     return forward, backward
 
-
-# bfloat16 is the upper half of a float32's bits. XLA's CPU code for a convert between the two
-# inside these passes was 1.7-1.9x slower than the same conversion done on the bits with integer
-# ops (benchmarks/results/cross_entropy.md), so the compiled loss converts bfloat16 that way.
-
-def _widened(x):
-    """x as float32; bfloat16 widened by shifting its bits into the upper half."""
-    import tensorflow as tf
-
-    if x.dtype != tf.bfloat16:
-        return tf.cast(x, tf.float32)
-    bits = tf.cast(tf.bitcast(x, tf.uint16), tf.uint32)
-    return tf.bitcast(tf.bitwise.left_shift(bits, 16), tf.float32)
-
-
-def _rounded(x, dtype):
-    """float32 x in `dtype`; to bfloat16 by rounding its bits to the nearest even upper half
-    (what `tf.cast` does), NaN kept NaN."""
-    import tensorflow as tf
-
-    if dtype != tf.bfloat16:
-        return tf.cast(x, dtype)
-    bits = tf.bitcast(x, tf.uint32)
-    lowest_kept = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 16), 1)
-    upper = tf.bitwise.right_shift(bits + 0x7FFF + lowest_kept, 16)
-    upper = tf.where(tf.math.is_nan(x), tf.constant(0x7FC0, tf.uint32), upper)
-    return tf.bitcast(tf.cast(upper, tf.uint16), tf.bfloat16)
 
 
 def smoothed_cross_entropy_formula(labels, logits, label_smoothing):

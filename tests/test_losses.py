@@ -5,6 +5,7 @@ import tensorflow as tf
 from conftest import random_ids, small_config
 
 import keras_transformer as kt
+from keras_transformer import compiled
 
 
 def numpy_label_smoothing(labels, logits, eps, pad_id=0):
@@ -85,7 +86,7 @@ def test_cross_entropy_takes_bfloat16_logits_and_any_batch_shape(rng):
 
 
 def test_compiled_loss_converts_bfloat16_bits_as_tf_cast_does(rng):
-    """The compiled loss converts between bfloat16 and float32 on the bits (losses.py says
+    """The compiled passes convert between bfloat16 and float32 on the bits (compiled.py says
     why): bit for bit what `tf.cast` gives, eagerly and compiled by XLA, for random bit
     patterns and the edges: ties to even, rounding up into the exponent, the largest finite
     values rounding to infinity, infinities, subnormals and NaN (kept NaN)."""
@@ -98,18 +99,20 @@ def test_compiled_loss_converts_bfloat16_bits_as_tf_cast_does(rng):
     x = tf.constant(bits.view(np.float32))
     nan = np.isnan(bits.view(np.float32))
     expected = tf.bitcast(tf.cast(x, tf.bfloat16), tf.uint16).numpy()
-    compiled = tf.function(kt.losses._rounded, jit_compile=True)
-    for rounded in (kt.losses._rounded(x, tf.bfloat16), compiled(x, tf.bfloat16)):
+    xla_rounded = tf.function(compiled.rounded, jit_compile=True)
+    for rounded in (compiled.rounded(x, tf.bfloat16), xla_rounded(x, tf.bfloat16)):
         assert rounded.dtype == tf.bfloat16
         np.testing.assert_array_equal(tf.bitcast(rounded, tf.uint16).numpy()[~nan],
                                       expected[~nan])
         assert np.isnan(tf.cast(rounded, tf.float32).numpy()[nan]).all()
     low = tf.bitcast(tf.constant(np.arange(2**16, dtype=np.uint16)), tf.bfloat16)
-    finite = np.isfinite(tf.cast(low, tf.float32).numpy())
-    for widened in (kt.losses._widened(low), tf.function(kt.losses._widened, jit_compile=True)(low)):
+    cast = tf.cast(low, tf.float32).numpy()
+    number = ~np.isnan(cast)
+    xla_widened = tf.function(compiled.widened, jit_compile=True)
+    for widened in (compiled.widened(low), xla_widened(low)):
         assert widened.dtype == tf.float32
-        np.testing.assert_array_equal(widened.numpy()[finite], tf.cast(low, tf.float32).numpy()[finite])
-        assert np.isnan(widened.numpy()[~finite]).sum() == np.isnan(tf.cast(low, tf.float32).numpy()).sum()
+        np.testing.assert_array_equal(widened.numpy()[number], cast[number])
+        np.testing.assert_array_equal(np.isnan(widened.numpy()), np.isnan(cast))
 
 
 def numpy_softmax_minus_target(labels, z, eps):

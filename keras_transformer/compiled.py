@@ -1,0 +1,40 @@
+"""What the passes TensorFlow hands to XLA share (the loss, losses.py; training's Add & Norm
+under mixed_bfloat16, layer_norm.py): row counts padded to a few shapes, and bfloat16
+converted on its bits. TensorFlow only."""
+
+import tensorflow as tf
+
+
+def padding_rows(rows):
+    """How many rows to add to `rows` (a scalar tensor) to reach the next of 8 sizes per power
+    of two (a multiple of 8 at least): XLA compiles once per shape, and a batch's token count
+    changes from batch to batch; padded, they share a handful of programs, at most 1/8 more
+    rows each."""
+    octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(rows, 1), tf.float32))
+                                   / tf.math.log(2.0)), tf.int32)
+    granule = tf.bitwise.left_shift(1, tf.maximum(octave - 3, 3))
+    return (granule - rows % granule) % granule
+
+
+# bfloat16 is the upper half of a float32's bits. XLA's CPU code for a convert between the two
+# inside these passes was 1.7-1.9x slower than the same conversion done on the bits with integer
+# ops (benchmarks/results/cross_entropy.md), so the compiled passes convert bfloat16 that way.
+
+def widened(x):
+    """x as float32; bfloat16 widened by shifting its bits into the upper half."""
+    if x.dtype != tf.bfloat16:
+        return tf.cast(x, tf.float32)
+    bits = tf.cast(tf.bitcast(x, tf.uint16), tf.uint32)
+    return tf.bitcast(tf.bitwise.left_shift(bits, 16), tf.float32)
+
+
+def rounded(x, dtype):
+    """float32 x in `dtype`; to bfloat16 by rounding its bits to the nearest even upper half
+    (what `tf.cast` does), NaN kept NaN."""
+    if dtype != tf.bfloat16:
+        return tf.cast(x, dtype)
+    bits = tf.bitcast(x, tf.uint32)
+    lowest_kept = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 16), 1)
+    upper = tf.bitwise.right_shift(bits + 0x7FFF + lowest_kept, 16)
+    upper = tf.where(tf.math.is_nan(x), tf.constant(0x7FC0, tf.uint32), upper)
+    return tf.bitcast(tf.cast(upper, tf.uint16), tf.bfloat16)
