@@ -1,6 +1,5 @@
-"""What the passes TensorFlow hands to XLA share (the loss, losses.py; training's Add & Norm
-under mixed_bfloat16, layer_norm.py): row counts padded to a few shapes, and bfloat16
-converted on its bits. TensorFlow only."""
+"""For the passes TensorFlow hands to XLA (the loss and its gradient, losses.py): row counts
+padded to a few shapes, and bfloat16 converted on its bits. TensorFlow only."""
 
 import tensorflow as tf
 
