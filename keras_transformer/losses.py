@@ -93,7 +93,6 @@ def _cross_entropy_functions():
     return forward, backward
 
 
-
 def smoothed_cross_entropy_formula(labels, logits, label_smoothing):
     """`smoothed_cross_entropy` on any backend, without building t: since t sums to 1,
     -sum_j t_j log softmax(logits)_j
