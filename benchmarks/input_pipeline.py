@@ -13,10 +13,10 @@ compare them.
 
 import argparse
 import os
-import subprocess
 import time
 
 from benchmarks.end_to_end import NEWS_DIR, describe_hardware, hardware, trainer_batches
+from benchmarks.quick_start import commit
 from benchmarks.step_profile import corpus_flags
 
 
@@ -41,9 +41,7 @@ def main(argv=None):
         next(batches)
         waits.append(time.perf_counter() - wait)
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() or "unknown"
-    report = {"hardware": hardware(), "corpus": args.corpus, "tree": tree,
+    report = {"hardware": hardware(), "corpus": args.corpus, "tree": commit("."),
               "batch_tokens": settings.batch_tokens, "batches": args.batches,
               "first_batch_s": first, "first_batch_cpu_s": first_cpu,
               "rest_s": total - first, "rest_cpu_s": total_cpu - first_cpu,
