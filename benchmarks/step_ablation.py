@@ -1,12 +1,15 @@
 """What a part of the training step costs here, as wall-clock: the trainer's model and batches
 once as configured and once per variant with model settings changed (`dropout=0`,
-`num_heads=8,key_dim=32`) or `layer_norm=keras` (Keras' `LayerNormalization`, differentiated
-by autodiff, in place of `kt.LayerNorm`), every model built in one process and timed in
-alternating rounds so that the machine's drift hits all alike, beside the step's matmul floor.
+`num_heads=8,key_dim=32`), `layer_norm=keras` (Keras' `LayerNormalization`, differentiated
+by autodiff, in place of `kt.LayerNorm`) or `add_and_norm=separate|compiled` (training's Add
+& Norm as separate TensorFlow ops, or compiled by XLA under mixed_bfloat16 even where the
+library keeps it separate: `layer_norm.compiles_add_and_norm`), every model built in one
+process and timed in alternating rounds so that the machine's drift hits all alike, beside
+the step's matmul floor.
 
     python -m benchmarks.step_ablation [--corpus news|sample] [--precision float32]
-        [--variants dropout=0 layer_norm=keras ...] [--rounds 5] [--steps 8]
-        [--out benchmarks/results/step_ablation_<corpus>_<precision>.json]
+        [--variants dropout=0 layer_norm=keras add_and_norm=compiled ...] [--rounds 5]
+        [--steps 8] [--out benchmarks/results/step_ablation_<corpus>_<precision>.json]
 
 The profiler (`benchmarks.step_profile`) gives each op's time, but ops that run at once share
 the cores and each looks slower than it is, so shares of op time do not say what removing a
@@ -46,7 +49,8 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", default=["dropout=0"],
                         help="model settings (TransformerConfig fields) changed, one variant "
                              "per word: key=value[,key=value]; layer_norm=keras for Keras' "
-                             "LayerNormalization")
+                             "LayerNormalization; add_and_norm=separate|compiled for the Add & "
+                             "Norm as separate ops or compiled by XLA")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps per model and round")
     parser.add_argument("--out", default=None)
@@ -72,10 +76,27 @@ def main(argv=None):
         finally:
             stack.make_layer_norm = ours
 
+    # The Add & Norm of each variant's norms, "separate" or "compiled" (on any machine), or
+    # as the library decides: per norm, so that every trace of their steps (a retrace too)
+    # follows it.
+    chosen_add_and_norm = {}
+    compiles = stack.compiles_add_and_norm
+
+    def variant_compiles(x, dropout, norm, training):
+        choice = chosen_add_and_norm.get(id(norm), "as configured")
+        return choice != "separate" and compiles(x, dropout, norm, training,
+                                                 where_faster_only=choice != "compiled")
+
+    stack.compiles_add_and_norm = variant_compiles
+
     variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
     norms = {name: overrides.pop("layer_norm", "ours") for name, overrides in variants.items()}
     if set(norms.values()) - {"ours", "keras"}:
         raise SystemExit("--variants: layer_norm=keras is the only other layer norm.")
+    add_and_norms = {name: overrides.pop("add_and_norm", "as configured")
+                     for name, overrides in variants.items()}
+    if set(add_and_norms.values()) - {"as configured", "separate", "compiled"}:
+        raise SystemExit("--variants: add_and_norm is separate or compiled.")
     fields = {f.name for f in dataclasses.fields(kt.TransformerConfig)}
     unknown = sorted({key for overrides in variants.values() for key in overrides} - fields)
     if unknown:
@@ -96,6 +117,9 @@ def main(argv=None):
         with keras_layer_norm() if norms[name] == "keras" else contextlib.nullcontext():
             models[name] = training.compiled_model(settings, variant, schedule,
                                                    tf.distribute.get_strategy())
+        chosen_add_and_norm.update((id(layer), add_and_norms[name])
+                                   for layer in models[name]._flatten_layers()
+                                   if isinstance(layer, keras.layers.LayerNormalization))
         models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
 
     step_times = {name: [] for name in models}
@@ -126,7 +150,7 @@ def main(argv=None):
               "steps": args.steps, "rounds": rounds, "matmul_floor_s": floor,
               "real_target_tokens_per_step": real,
               "step_s": {name: statistics.median(t) for name, t in step_times.items()},
-              "variants": variants, "layer_norms": norms}
+              "variants": variants, "layer_norms": norms, "add_and_norms": add_and_norms}
     save(args.out or f"benchmarks/results/step_ablation_{args.corpus}_{args.precision}.json",
          report, markdown(report))
 

@@ -11,7 +11,7 @@ Op times are summed over TensorFlow's threads (2 on a 2-core machine), so shares
 op time, not of the wall clock; the wall-clock step time and the floor are measured apart.
 The op events are also laid on one time line: how much of the wall clock some matrix product
 runs, only other ops run (and which), or nothing runs (waiting on the host, or XLA compiling
-the loss for a token count it has not seen).
+the loss or an Add & Norm for a token count it has not seen).
 """
 
 import argparse
@@ -57,8 +57,10 @@ def op_events(logdir):
                     end = start + event.duration_ps
                     if name == "CpuExecutable::ExecuteAsyncOnStream":
                         # An XLA-compiled program, whose ops are not TensorFlow ops: in the
-                        # trainer's step, the loss and its gradient (losses.py).
-                        yield start, end, "XLA program", "loss"
+                        # trainer's step, the loss and its gradient (losses.py), and under
+                        # mixed_bfloat16 the Add & Norms forward and backward (layer_norm.py).
+                        # The profile does not name the program.
+                        yield start, end, "XLA program", "loss; Add & Norm (bfloat16)"
                     elif ":" in name and name.startswith("StatefulPartitionedCall"):
                         scope, kind = name.rsplit(":", 1)
                         yield start, end, kind, part_of(scope)

@@ -1,7 +1,39 @@
-"""For the passes TensorFlow hands to XLA (the loss and its gradient, losses.py): row counts
-padded to a few shapes, and bfloat16 converted on its bits. TensorFlow only."""
+"""What the passes TensorFlow hands to XLA share (the loss, losses.py; training's Add & Norm
+under mixed_bfloat16, layer_norm.py): row counts padded to a few shapes, bfloat16 converted
+on its bits, and whether a pass pays on this machine. TensorFlow only."""
+
+import functools
+import pathlib
 
 import tensorflow as tf
+
+
+def cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU's feature flags (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        text = pathlib.Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# The feature flags of CPUs that compute bfloat16 natively (oneDNN uses those units); where
+# there are none TensorFlow emulates it.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@functools.cache
+def add_and_norm_pays_here():
+    """Whether training's Add & Norm compiled by XLA (layer_norm.compiled_add_and_norm) beats
+    TensorFlow's separate ops on this machine: on a CPU that computes bfloat16 natively (AMX
+    or AVX512-BF16), with no GPU. It did on an Intel Xeon with AMX and on an AMD Zen 4 with
+    AVX512-BF16; GPUs and emulated bfloat16 were not measured
+    (benchmarks/results/add_and_norm.md)."""
+    return (bool(cpu_flags() & set(CPU_BF16_FLAGS))
+            and not tf.config.list_logical_devices("GPU"))
 
 
 def padding_rows(rows):

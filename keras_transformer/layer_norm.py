@@ -1,5 +1,7 @@
 """Layer normalization (Ba et al., 2016), the "Norm" of every sub-layer's Add & Norm (§3.1)."""
 
+import functools
+
 import keras
 from keras import ops
 
@@ -60,3 +62,112 @@ class LayerNorm(keras.layers.LayerNormalization):
         # for the variables' gradients apart from the inputs'.
         outputs = layer_norm(inputs, ops.copy(self.gamma), ops.copy(self.beta), self.epsilon)
         return ops.cast(outputs, self.compute_dtype)
+
+
+def compiles_add_and_norm(x, dropout, norm, training, where_faster_only=True):
+    """Whether `compiled_add_and_norm` serves this Add & Norm of x [..., d]: in training, with
+    dropout, on TensorFlow, under a bfloat16 compute dtype, where it was measured faster than
+    the separate ops (`compiled.add_and_norm_pays_here`: CPUs with native bfloat16). There
+    TensorFlow's bfloat16 elementwise kernels are 2-8x slower than its float32 ones, and the
+    Add & Norms' passes over [tokens, d] were, after the matrix products and the loss, the
+    step's largest part; in float32 the compiled form was slower
+    (benchmarks/results/add_and_norm.md). `where_faster_only=False` leaves the machine out
+    (benchmarks.step_ablation measures it so elsewhere)."""
+    if not (training is True and dropout.rate > 0 and dropout.noise_shape is None
+            and keras.backend.backend() == "tensorflow" and norm.compute_dtype == "bfloat16"
+            and norm.axis in ([-1], [len(x.shape) - 1]) and norm.center and norm.scale
+            and x.shape[-1] is not None and x.shape[-1] % 2 == 0):
+        return False
+    from keras_transformer.compiled import add_and_norm_pays_here
+
+    return add_and_norm_pays_here() or not where_faster_only
+
+
+def compiled_add_and_norm(x, sublayer_output, dropout, norm):
+    """Training's Add & Norm, LayerNorm(x + Dropout(sublayer_output)) (§3.1, §5.4), as one
+    XLA-compiled pass forward and one backward (TensorFlow only; `compiles_add_and_norm` says
+    when). The dropout mask comes from `dropout`'s seed generator as 16 random bits an
+    element, an element dropped when they are below round(rate * 2^16) (the rate to within
+    2^-16) and the kept ones scaled so that the expectation is unchanged; the norm is `norm`'s
+    (its gamma, beta and epsilon; statistics in float32). The sum x + dropped output is formed
+    in float32 (the separate layers round it to bfloat16 first).
+
+    Args: x, sublayer_output [..., d] bfloat16, d even.
+    Returns: [..., d] bfloat16.
+    """
+    import tensorflow as tf
+
+    from keras_transformer.compiled import padding_rows
+
+    forward, backward = _add_and_norm_functions()
+    shape, d = tf.shape(x), x.shape[-1]
+    flat_x = tf.reshape(x, [-1, d])
+    flat_y = tf.reshape(tf.cast(sublayer_output, x.dtype), [-1, d])
+    rows = tf.shape(flat_x)[0]
+    padding = [[0, padding_rows(rows)], [0, 0]]
+    seed = tf.cast(tf.math.floormod(dropout.seed_generator.next(), tf.int32.max - 1), tf.int32)
+    bits = tf.random.stateless_uniform([rows + padding[0][1], d // 2], seed, minval=None,
+                                       maxval=None, dtype=tf.uint32)
+    threshold = round(dropout.rate * 2**16)
+    mask = (tf.constant(threshold, tf.uint32), tf.constant(2**16 / (2**16 - threshold)))
+    epsilon = tf.constant(norm.epsilon, tf.float32)
+
+    @tf.custom_gradient
+    def add_and_norm(flat_x, flat_y, gamma, beta):
+        padded_x, padded_y = tf.pad(flat_x, padding), tf.pad(flat_y, padding)
+        outputs, mean, inverse_std = forward(padded_x, padded_y, bits, *mask, gamma, beta,
+                                             epsilon)
+
+        def gradient(upstream):
+            d_x, d_y, d_gamma, d_beta = backward(padded_x, padded_y, bits, *mask, gamma, mean,
+                                                 inverse_std, tf.pad(upstream, padding))
+            return d_x[:rows], d_y[:rows], d_gamma, d_beta
+
+        return outputs[:rows], gradient
+
+    # Their values, not the variables (see LayerNorm.call).
+    outputs = add_and_norm(flat_x, flat_y, tf.identity(norm.gamma), tf.identity(norm.beta))
+    return tf.reshape(outputs, shape)
+
+
+@functools.cache
+def _add_and_norm_functions():
+    """The XLA-compiled halves of `compiled_add_and_norm`, on [N, d] rows:
+    forward(x, y, bits [N, d/2], threshold, scale, gamma, beta, epsilon) -> (outputs, mean
+    [N], inverse_std [N]); backward(x, y, bits, threshold, scale, gamma, mean, inverse_std,
+    upstream) -> (d_x, d_y, d_gamma, d_beta). The low 16 bits of bits[:, j] decide element j,
+    the high 16 element j + d/2."""
+    import tensorflow as tf
+
+    from keras_transformer.compiled import rounded, widened
+
+    def summed(x, y, bits, threshold, scale):
+        """(x + mask * y, mask) in float32."""
+        halves = tf.concat([tf.bitwise.bitwise_and(bits, 0xFFFF),
+                            tf.bitwise.right_shift(bits, 16)], axis=-1)
+        mask = tf.where(halves >= threshold, scale, 0.0)
+        return widened(x) + mask * widened(y), mask
+
+    @tf.function(jit_compile=True, autograph=False)
+    def forward(x, y, bits, threshold, scale, gamma, beta, epsilon):
+        total, _ = summed(x, y, bits, threshold, scale)
+        mean = tf.reduce_mean(total, -1)
+        centered = total - mean[:, None]
+        inverse_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), -1) + epsilon)
+        normalized = centered * inverse_std[:, None]
+        return rounded(normalized * gamma + beta, x.dtype), mean, inverse_std
+
+    @tf.function(jit_compile=True, autograph=False)
+    def backward(x, y, bits, threshold, scale, gamma, mean, inverse_std, upstream):
+        total, mask = summed(x, y, bits, threshold, scale)
+        normalized = (total - mean[:, None]) * inverse_std[:, None]
+        d_out = widened(upstream)
+        g = d_out * gamma
+        # As in `layer_norm`'s gradient; the sum's gradient goes to x as it is, to y masked.
+        d_total = (g - tf.reduce_mean(g, -1, keepdims=True)
+                   - normalized * tf.reduce_mean(g * normalized, -1, keepdims=True)
+                   ) * inverse_std[:, None]
+        return (rounded(d_total, x.dtype), rounded(d_total * mask, y.dtype),
+                tf.reduce_sum(d_out * normalized, 0), tf.reduce_sum(d_out, 0))
+
+    return forward, backward

@@ -8,7 +8,8 @@ from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import make_position_layer
 from keras_transformer.feed_forward import FeedForward
-from keras_transformer.layer_norm import LayerNorm
+from keras_transformer.layer_norm import (LayerNorm, compiled_add_and_norm,
+                                          compiles_add_and_norm)
 
 
 def make_layer_norm(epsilon, name, dtype):
@@ -58,6 +59,8 @@ class StackedLayer(keras.layers.Layer):
         """"Add & Norm" (Figure 1): the sub-layer's output dropped out (§5.4) and added to its
         input x, then normalized (§3.1): LayerNorm(x + Dropout(Sublayer(x))); with
         `norm_first` the norm came before the sub-layer instead (`norm_before`)."""
+        if not self.norm_first and compiles_add_and_norm(x, dropout, norm, training):
+            return compiled_add_and_norm(x, sublayer_output, dropout, norm)
         x = x + dropout(sublayer_output, training=training)
         return x if self.norm_first else norm(x)
 

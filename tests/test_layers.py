@@ -96,6 +96,116 @@ def test_dropout_masks_follow_the_seed_state():
     np.testing.assert_array_equal(a(x, training=True), b(x, training=True))
 
 
+def test_compiled_add_and_norm_matches_numpy_and_keras_given_its_bits(rng):
+    """Training's compiled Add & Norm under mixed_bfloat16 (layer_norm.py), given its random
+    bits: the output against NumPy's LayerNorm(x + mask * y), mask = 1 / (1 - rate) where an
+    element's 16 bits (the low half of bits[:, j] for element j, the high half for j + d/2)
+    reach round(rate * 2^16), else 0; the gradients of x, y, gamma and beta against autodiff
+    through Keras' LayerNormalization in float32 on the same sum."""
+    from keras_transformer.layer_norm import _add_and_norm_functions
+
+    rows, d, rate = 24, 16, 0.3
+    x = tf.cast(rng.normal(size=(rows, d)) * 2 + 1, tf.bfloat16)
+    y = tf.cast(rng.normal(size=(rows, d)), tf.bfloat16)
+    bits = rng.integers(0, 2**32, size=(rows, d // 2), dtype=np.uint64).astype(np.uint32)
+    gamma, beta = rng.normal(size=d).astype(np.float32), rng.normal(size=d).astype(np.float32)
+    upstream = tf.cast(rng.normal(size=(rows, d)), tf.bfloat16)
+    threshold = round(rate * 2**16)
+    scale = 2**16 / (2**16 - threshold)
+    forward, backward = _add_and_norm_functions()
+    mask_args = (tf.constant(threshold, tf.uint32), tf.constant(scale, tf.float32))
+    out, mean, inverse_std = forward(x, y, tf.constant(bits), *mask_args, gamma, beta,
+                                     tf.constant(1e-6))
+    grads = backward(x, y, tf.constant(bits), *mask_args, gamma, mean, inverse_std, upstream)
+
+    halves = np.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)
+    mask = np.where(halves >= threshold, scale, 0.0)
+    assert 0.15 < np.mean(mask == 0) < 0.45  # rate 0.3 over 384 elements
+    x64, y64 = (tf.cast(t, tf.float64).numpy() for t in (x, y))
+    total = x64 + mask * y64
+    normed = (total - total.mean(-1, keepdims=True)) / np.sqrt(total.var(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(tf.cast(out, tf.float32), normed * gamma + beta,
+                               atol=0.02 * np.abs(normed * gamma + beta).max())
+
+    keras_norm = keras.layers.LayerNormalization(epsilon=1e-6)
+    keras_norm.build((None, d))
+    keras_norm.set_weights([gamma, beta])
+    x32, y32 = tf.cast(x, tf.float32), tf.cast(y, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch([x32, y32])
+        loss = tf.reduce_sum(keras_norm(x32 + tf.constant(mask, tf.float32) * y32)
+                             * tf.cast(upstream, tf.float32))
+    expected = tape.gradient(loss, [x32, y32, keras_norm.gamma, keras_norm.beta])
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(tf.cast(got, tf.float32), want,
+                                   atol=0.02 * np.abs(want.numpy()).max())
+
+
+def test_compiled_add_and_norm_drops_at_the_rate_and_follows_the_seed_state(rng):
+    """Through `compiled_add_and_norm` as the layers call it (a row count that is padded):
+    it serves training under mixed_bfloat16 only; y's gradient is dropped at the rate (a
+    binomial's 4 sigma) and elsewhere the kept scale times x's; gamma's and beta's gradients
+    hold the real rows only; the mask follows the dropout's seed state."""
+    from keras_transformer.layer_norm import compiled_add_and_norm, compiles_add_and_norm
+
+    rate, d = 0.1, 256
+    dropout = kt.Dropout(rate, seed=5, dtype="mixed_bfloat16")
+    norm = kt.LayerNorm(dtype="mixed_bfloat16")
+    norm.build((None, d))
+    x = tf.cast(rng.normal(size=(40, 53, d)), tf.bfloat16)  # 2,120 rows, padded to 2,304
+    y = tf.cast(rng.normal(size=(40, 53, d)), tf.bfloat16)
+    upstream = tf.constant(rng.normal(size=(40, 53, d)), tf.float32)
+    everywhere = dict(where_faster_only=False)
+    assert compiles_add_and_norm(x, dropout, norm, True, **everywhere)
+    assert not compiles_add_and_norm(x, dropout, norm, False, **everywhere)
+    assert not compiles_add_and_norm(x, dropout, kt.LayerNorm(dtype="float32"), True,
+                                     **everywhere)
+    assert not compiles_add_and_norm(x, kt.Dropout(0.0, dtype="mixed_bfloat16"), norm, True,
+                                     **everywhere)
+    state = dropout.seed_generator.state.numpy()
+    with tf.GradientTape() as tape:
+        tape.watch([x, y])
+        out = compiled_add_and_norm(x, y, dropout, norm)
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * upstream)
+    d_x, d_y, _, d_beta = tape.gradient(loss, [x, y, norm.gamma, norm.beta])
+    assert out.shape == x.shape and out.dtype == tf.bfloat16
+    d_x, d_y = (tf.cast(t, tf.float32).numpy() for t in (d_x, d_y))
+    dropped = np.mean(d_y == 0)
+    assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / d_y.size)
+    kept = d_y != 0
+    np.testing.assert_allclose(d_y[kept], d_x[kept] / (1 - rate), rtol=0.01, atol=1e-3)
+    rounded_upstream = tf.cast(tf.cast(upstream, tf.bfloat16), tf.float64).numpy()  # out's
+    np.testing.assert_allclose(d_beta, rounded_upstream.sum((0, 1)), rtol=1e-4, atol=1e-3)
+    again = compiled_add_and_norm(x, y, dropout, norm)
+    assert not np.array_equal(again.numpy(), out.numpy())  # a new mask each call
+    dropout.seed_generator.state.assign(state)
+    np.testing.assert_array_equal(compiled_add_and_norm(x, y, dropout, norm).numpy(),
+                                  out.numpy())
+
+
+@pytest.mark.parametrize("flags, compiled", [({"avx2", "avx512_bf16", "amx_bf16"}, True),
+                                             ({"avx2", "avx512_bf16"}, True), ({"avx2"}, False),
+                                             (set(), False)])
+def test_add_and_norm_is_compiled_by_default_on_cpus_with_native_bfloat16(monkeypatch, flags,
+                                                                          compiled):
+    """Where the compiled Add & Norm was measured faster (benchmarks/results/add_and_norm.md):
+    CPUs with AMX-BF16 or AVX512-BF16 (this test machine has no GPU), not where TensorFlow
+    emulates bfloat16."""
+    from keras_transformer import compiled as compiled_module
+    from keras_transformer.layer_norm import compiles_add_and_norm
+
+    monkeypatch.setattr(compiled_module, "cpu_flags", lambda: flags)
+    compiled_module.add_and_norm_pays_here.cache_clear()
+    try:
+        dropout = kt.Dropout(0.1, dtype="mixed_bfloat16")
+        norm = kt.LayerNorm(dtype="mixed_bfloat16")
+        norm.build((None, 8))
+        x = tf.zeros((2, 3, 8), tf.bfloat16)
+        assert compiles_add_and_norm(x, dropout, norm, True) is compiled
+    finally:
+        compiled_module.add_and_norm_pays_here.cache_clear()
+
+
 @pytest.mark.parametrize("accumulate", [None, 2])
 def test_token_weighted_adam_matches_keras_adam(rng, accumulate):
     start = rng.normal(size=(5, 3)).astype(np.float32)

@@ -14,19 +14,7 @@ import pathlib
 
 import tensorflow as tf
 
-CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def cpu_flags(cpuinfo="/proc/cpuinfo"):
-    """The CPU's feature flags (empty where /proc/cpuinfo cannot be read)."""
-    try:
-        text = pathlib.Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
+from keras_transformer.compiled import CPU_BF16_FLAGS, cpu_flags
 
 
 def cpu_model(cpuinfo="/proc/cpuinfo"):
