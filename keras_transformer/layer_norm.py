@@ -80,7 +80,7 @@ def compiles_add_and_norm(x, dropout, norm, training, where_faster_only=True):
         return False
     from keras_transformer.compiled import add_and_norm_pays_here
 
-    return add_and_norm_pays_here() or not where_faster_only
+    return not where_faster_only or add_and_norm_pays_here()
 
 
 def compiled_add_and_norm(x, sublayer_output, dropout, norm):

@@ -58,7 +58,9 @@ class StackedLayer(keras.layers.Layer):
     def add_and_norm(self, x, sublayer_output, dropout, norm, training=None):
         """"Add & Norm" (Figure 1): the sub-layer's output dropped out (§5.4) and added to its
         input x, then normalized (§3.1): LayerNorm(x + Dropout(Sublayer(x))); with
-        `norm_first` the norm came before the sub-layer instead (`norm_before`)."""
+        `norm_first` the norm came before the sub-layer instead (`norm_before`). In training
+        under bfloat16 on CPUs that compute it natively, the same as one XLA pass each way
+        (`compiled_add_and_norm`)."""
         if not self.norm_first and compiles_add_and_norm(x, dropout, norm, training):
             return compiled_add_and_norm(x, sublayer_output, dropout, norm)
         x = x + dropout(sublayer_output, training=training)
