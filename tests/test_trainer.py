@@ -319,8 +319,8 @@ def test_average_equals_numpy_mean(tmp_path):
     (["--train_steps", "7", "--steps_per_epoch", "5"], "multiple of"),
     (["--max_train_length", "2000"], "longer than the model's positions"),
     (["--strategy", "multi_worker", "--train_minutes", "1"], "--train_minutes is not supported"),
-    (["--strategy", "mirrored", "--steps_per_execution", "2", "--train_steps", "4",
-      "--validate_every_steps", "2"], "MirroredStrategy"),
+    (["--strategy", "mirrored", "--logical_cpus", "2", "--steps_per_execution", "2",
+      "--train_steps", "4", "--validate_every_steps", "2"], "needs one replica"),
     (["--strategy", "mirrored", "--grad_accum", "2"], "raise --batch_tokens instead"),
     (["--eval_splits", "test,none"], "none is not a split"),  # refused before training
 ])
@@ -342,6 +342,31 @@ def test_boolean_model_flags_work_bare_or_with_a_value():
     assert parser.parse_args([]).norm_first is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--norm_first", "maybe"])
+
+
+@pytest.mark.parametrize("flags, replicas, expected", [
+    ([], 1, 5),  # the sample's backups every 85 steps
+    (["--train_steps", "12", "--validate_every_steps", "6"], 1, 3),
+    (["--train_steps", "16", "--validate_every_steps", "8"], 1, 4),
+    (["--train_steps", "14", "--validate_every_steps", "7"], 1, 1),
+    (["--train_steps", "12", "--validate_every_steps", "3", "--grad_accum", "2"], 1, 3),
+    (["--strategy", "mirrored"], 1, 5),
+    (["--strategy", "mirrored"], 2, 1),
+    (["--strategy", "multi_worker"], 4, 1),
+])
+def test_steps_per_execution_by_default(flags, replicas, expected):
+    """Left out, --steps_per_execution is the largest of 1-5 that divides the batches between
+    backups (so backups land on a call's end), and 1 with several mirrored replicas; given, it
+    is kept."""
+    from trainers import wmt
+    from trainers.settings import choose_execution
+
+    _, settings = wmt.resolve_settings(wmt.parse_arguments(["--dataset", "sample", *flags])[0])
+    choose_execution(settings, replicas)
+    assert settings.steps_per_execution_chosen == expected
+    settings.steps_per_execution = 1 if expected == 1 else 2
+    choose_execution(settings, replicas)
+    assert settings.steps_per_execution_chosen == settings.steps_per_execution
 
 
 def test_a_renamed_flag_keeps_its_old_name(tmp_path):
@@ -395,7 +420,7 @@ def test_steps_per_execution_trains_the_same_weights(tmp_path):
     call, checkpoints at the same steps, counted on the host."""
     common = SMALL + ["--train_steps", "12", "--validate_every_steps", "6", "--no_eval",
                       "--deterministic", "--checkpoint_every_steps", "6"]
-    one = trainer(*common, "--model_dir", str(tmp_path / "one"))
+    one = trainer(*common, "--steps_per_execution", "1", "--model_dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-3000:]
     four = trainer(*common, "--steps_per_execution", "3", "--model_dir", str(tmp_path / "three"))
     assert four.returncode == 0, four.stderr[-3000:]

@@ -88,9 +88,10 @@ class RunSettings:
         DISTRIBUTION, "auto: mixed_bfloat16 on TPUs, GPUs and CPUs with native bfloat16 (AMX, "
         "AVX512-BF16), mixed_float16 on GPUs of compute capability 7.x (V100, T4), float32 "
         "elsewhere", "auto", choices=("auto", "float32", "mixed_float16", "mixed_bfloat16"))
-    steps_per_execution: int = flag(
-        DISTRIBUTION, "train steps per call into the graph (TPU or one device; not "
-        "MirroredStrategy on CPUs)", 1)
+    steps_per_execution: int | None = flag(
+        DISTRIBUTION, "train steps per call into the graph (default: the largest of 1-5 that "
+        "divides the batches between backups; 1 with several mirrored or multi-worker "
+        "replicas, where Keras crashes with more)")
     jit_compile: bool = flag(DISTRIBUTION, "compile the train step with XLA", False)
     static_batches: bool = flag(
         DISTRIBUTION, "bucketed static shapes (implied by --strategy tpu)", False)
@@ -192,6 +193,9 @@ class RunSettings:
     # a config.json of an `auto` run is `auto` on other hardware too). Not flags.
     precision_chosen: str | None = dataclasses.field(default=None, metadata={"run_only": True})
     precision_reason: str | None = dataclasses.field(default=None, metadata={"run_only": True})
+    # What --steps_per_execution resolved to for the strategy's replicas (`choose_execution`).
+    steps_per_execution_chosen: int | None = dataclasses.field(
+        default=None, metadata={"run_only": True})
 
     def eval_split_names(self):
         """--eval_splits as a list of names, spaces and empty entries dropped."""
@@ -290,7 +294,7 @@ def _check_execution(s):
     from keras_transformer.config import ConfigError
 
     spe = s.steps_per_execution
-    if spe < 1 or (s.backup_every_steps * s.grad_accum) % spe:
+    if spe is not None and (spe < 1 or (s.backup_every_steps * s.grad_accum) % spe):
         raise ConfigError(f"--steps_per_execution {spe} must be at least 1 and divide the "
                           f"batches between backups ({s.backup_every_steps} x --grad_accum "
                           f"{s.grad_accum}).")
@@ -305,6 +309,29 @@ def _check_execution(s):
                           f"{s.strategy} (Keras' gradient accumulation crashes under "
                           "MirroredStrategy): raise --batch_tokens instead, or use --strategy "
                           "default, one_device or tpu.")
-    if spe > 1 and s.strategy in ("mirrored", "multi_worker"):
-        raise ConfigError(f"--steps_per_execution {spe} needs --strategy default, one_device "
-                          "or tpu: Keras crashes with it under MirroredStrategy on CPUs.")
+
+
+# Several steps per call into the graph save the host's time between steps (5% of a step on
+# two CPU cores, benchmarks/results/steps_per_execution_*.md); five already save most of it.
+AUTO_STEPS_PER_EXECUTION = 5
+
+
+def choose_execution(s, replicas):
+    """Sets `s.steps_per_execution_chosen` for a strategy of `replicas` replicas: the flag, or
+    by default the largest of 1-5 that divides the batches between backups (so that backups
+    and the time budget land on a call's end). Raises ConfigError for more than one step per
+    call with several mirrored or multi-worker replicas: Keras 3.15's multi-step function then
+    fails in the graph ("You must feed a value for placeholder tensor ... while/cond")."""
+    from keras_transformer.config import ConfigError
+
+    several = replicas > 1 and s.strategy in ("mirrored", "multi_worker")
+    if s.steps_per_execution is None:
+        batches = s.backup_every_steps * s.grad_accum
+        s.steps_per_execution_chosen = 1 if several else max(
+            n for n in range(1, AUTO_STEPS_PER_EXECUTION + 1) if batches % n == 0)
+        return
+    if several and s.steps_per_execution > 1:
+        raise ConfigError(f"--steps_per_execution {s.steps_per_execution} needs one replica "
+                          f"under --strategy {s.strategy} (this one has {replicas}): Keras "
+                          "crashes with more. Leave the flag out, or set it to 1.")
+    s.steps_per_execution_chosen = s.steps_per_execution

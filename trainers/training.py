@@ -108,8 +108,9 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
     return callbacks
 
 
-def compiled_model(settings, config, schedule, strategy):
-    """The Transformer, its optimizer (§5.3), loss (§5.4) and metrics, built in `strategy`."""
+def compiled_model(settings, config, schedule, strategy, steps_per_execution=1):
+    """The Transformer, its optimizer (§5.3), loss (§5.4) and metrics, built in `strategy`,
+    running `steps_per_execution` train steps per call (the benchmarks time one a call)."""
     accumulation = settings.grad_accum if settings.grad_accum > 1 else None
     in_training = settings.train_metrics  # else validation only: they cost a pass over the logits
     with strategy.scope():
@@ -122,7 +123,7 @@ def compiled_model(settings, config, schedule, strategy):
                                kt.Perplexity(config.pad_id, in_training=in_training),
                                TargetTokens(config.pad_id)],
                       jit_compile=settings.jit_compile,
-                      steps_per_execution=settings.steps_per_execution)
+                      steps_per_execution=steps_per_execution)
     return model
 
 
@@ -147,7 +148,8 @@ def train(settings, config, strategy, tokenizer, model_dir, copy):
     evaluation can reuse it, its searches traced."""
     worker = worker_id(strategy)
     schedule = kt.TransformerSchedule(config.d_model, config.warmup_steps, settings.lr_scale)
-    model = compiled_model(settings, config, schedule, strategy)
+    model = compiled_model(settings, config, schedule, strategy,
+                           settings.steps_per_execution_chosen)
     static = settings.static_batches or isinstance(strategy, tf.distribute.TPUStrategy)
     replicas = strategy.num_replicas_in_sync
     stats = pipeline.PipelineStats()

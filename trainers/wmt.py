@@ -55,11 +55,13 @@ def fill_from_run(args, given):
 
 
 def start_tensorflow(settings):
-    """Seeds, determinism, the strategy and the precision policy; returns the strategy."""
+    """Seeds, determinism, the strategy, the steps per call and the precision policy; returns
+    the strategy."""
     import keras
     import tensorflow as tf
 
     from trainers.precision import choose_precision
+    from trainers.settings import choose_execution
     from trainers.strategy import resolve_strategy, split_cpu
 
     if settings.logical_cpus:
@@ -68,6 +70,7 @@ def start_tensorflow(settings):
     if settings.deterministic:
         tf.config.experimental.enable_op_determinism()
     strategy = resolve_strategy(settings.strategy, settings.tpu)
+    choose_execution(settings, strategy.num_replicas_in_sync)
     chosen, why = choose_precision(settings.precision, strategy)
     settings.precision_chosen, settings.precision_reason = chosen, why
     keras.mixed_precision.set_global_policy(chosen)
@@ -101,7 +104,8 @@ def run_parsed(args, given=()):
         run_dir.write_run_config(model_dir, config, settings.to_dict())
     print(f"{settings.preset} model: {config.num_layers}+{config.num_layers} layers, "
           f"d_model {config.d_model}, vocab {config.vocab_size}; strategy {settings.strategy} "
-          f"({strategy.num_replicas_in_sync} replica(s)); {config.train_steps} steps of "
+          f"({strategy.num_replicas_in_sync} replica(s), {settings.steps_per_execution_chosen} "
+          f"step(s) a call); {config.train_steps} steps of "
           f"{settings.batch_tokens} tokens; model_dir {model_dir}", flush=True)
     # One model outside the strategy translates: during training, then for the final
     # evaluation and the export, which reuse its traced searches.
