@@ -311,8 +311,8 @@ def _check_execution(s):
                           "default, one_device or tpu.")
 
 
-# Several steps per call into the graph save the host's time between steps (5% of a step on
-# two CPU cores, benchmarks/results/steps_per_execution_*.md); five already save most of it.
+# Several steps per call into the graph save the host's time between steps, and five already
+# save most of it (benchmarks/results/steps_per_execution_*.md).
 AUTO_STEPS_PER_EXECUTION = 5
 
 
