@@ -197,6 +197,11 @@ class RunSettings:
     steps_per_execution_chosen: int | None = dataclasses.field(
         default=None, metadata={"run_only": True})
 
+    def batches_between_backups(self):
+        """Batches read between two backups: --backup_every_steps updates of --grad_accum
+        batches each (a Keras epoch)."""
+        return self.backup_every_steps * self.grad_accum
+
     def eval_split_names(self):
         """--eval_splits as a list of names, spaces and empty entries dropped."""
         return [split for split in map(str.strip, self.eval_splits.split(",")) if split]
@@ -294,7 +299,7 @@ def _check_execution(s):
     from keras_transformer.config import ConfigError
 
     spe = s.steps_per_execution
-    if spe is not None and (spe < 1 or (s.backup_every_steps * s.grad_accum) % spe):
+    if spe is not None and (spe < 1 or s.batches_between_backups() % spe):
         raise ConfigError(f"--steps_per_execution {spe} must be at least 1 and divide the "
                           f"batches between backups ({s.backup_every_steps} x --grad_accum "
                           f"{s.grad_accum}).")
@@ -326,7 +331,7 @@ def choose_execution(s, replicas):
 
     several = replicas > 1 and s.strategy in ("mirrored", "multi_worker")
     if s.steps_per_execution is None:
-        batches = s.backup_every_steps * s.grad_accum
+        batches = s.batches_between_backups()
         s.steps_per_execution_chosen = 1 if several else max(
             n for n in range(1, AUTO_STEPS_PER_EXECUTION + 1) if batches % n == 0)
         return

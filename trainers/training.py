@@ -98,7 +98,7 @@ def make_callbacks(settings, config, tokenizer, schedule, model_dir, strategy,
                            settings.checkpoint_every_steps, settings.checkpoint_every_minutes,
                            settings.keep_checkpoints),
         TrainingBackup(model_dir / "backup" / worker, resumable_input,
-                       settings.backup_every_steps * settings.grad_accum),
+                       settings.batches_between_backups()),
     ]
     if budget is not None:
         callbacks.append(budget)
@@ -182,7 +182,7 @@ def train(settings, config, strategy, tokenizer, model_dir, copy):
         start = time.monotonic()
         model.fit(run_data.distributed(resumable_input.dataset, strategy),
                   epochs=epochs, initial_epoch=done,
-                  steps_per_epoch=interval * settings.grad_accum, callbacks=callbacks,
+                  steps_per_epoch=settings.batches_between_backups(), callbacks=callbacks,
                   verbose=settings.verbose, shuffle=False, validation_data=validation,
                   validation_freq=settings.validate_every_steps // interval)
         validation_loss = next((c for c in callbacks if isinstance(c, ValidationLoss)), None)
