@@ -36,9 +36,9 @@ class Dense(keras.layers.Dense):
 def sums_bias_gradient_by_product(dense):
     """Whether `dense` adds its bias (and applies its ReLU) through `bias_and_activation`: on
     TensorFlow, under a bfloat16 compute dtype on CPUs, for a bias with no activation or a
-    ReLU, unquantized. There TensorFlow's bias gradient (a sum over the rows in bfloat16)
-    was 1.5-2x slower than the same sum as a product with a row of ones, which oneDNN
-    computes in float32 (benchmarks/results/bias_gradient.md)."""
+    ReLU, unquantized. There TensorFlow's bias gradient sums the rows in bfloat16, far from
+    the float32 sum, and more slowly than the product with a row of ones that oneDNN
+    accumulates in float32 (benchmarks/results/bias_gradient.md on main)."""
     return (dense.bias is not None and dense.compute_dtype == "bfloat16"
             and dense.quantization_mode is None and dense.lora_rank is None
             and dense.activation in (keras.activations.linear, keras.activations.relu)
