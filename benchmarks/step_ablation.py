@@ -1,9 +1,11 @@
 """What a part of the training step costs here, as wall-clock: the trainer's model and batches
 once as configured and once per variant with model settings changed (`dropout=0`,
 `num_heads=8,key_dim=32`), `layer_norm=keras` (Keras' `LayerNormalization`, differentiated
-by autodiff, in place of `kt.LayerNorm`) or `add_and_norm=separate|compiled` (training's Add
+by autodiff, in place of `kt.LayerNorm`), `add_and_norm=separate|compiled` (training's Add
 & Norm as separate TensorFlow ops, or compiled by XLA under mixed_bfloat16 even where the
-library keeps it separate: `layer_norm.compiles_add_and_norm`), every model built in one
+library keeps it separate: `layer_norm.compiles_add_and_norm`) or `bias_gradient=keras` (the
+Dense layers' bias gradients as TensorFlow computes them, where the library sums them by a
+product: `dense.sums_bias_gradient_by_product`), every model built in one
 process and timed in alternating rounds so that the machine's drift hits all alike, beside
 the step's matmul floor.
 
@@ -50,7 +52,8 @@ def main(argv=None):
                         help="model settings (TransformerConfig fields) changed, one variant "
                              "per word: key=value[,key=value]; layer_norm=keras for Keras' "
                              "LayerNormalization; add_and_norm=separate|compiled for the Add & "
-                             "Norm as separate ops or compiled by XLA")
+                             "Norm as separate ops or compiled by XLA; bias_gradient=keras for "
+                             "TensorFlow's bias gradients")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps per model and round")
     parser.add_argument("--out", default=None)
@@ -63,7 +66,7 @@ def main(argv=None):
     from benchmarks import save
     from trainers import training
 
-    from keras_transformer import stack
+    from keras_transformer import dense, stack
 
     @contextlib.contextmanager
     def keras_layer_norm():
@@ -89,6 +92,12 @@ def main(argv=None):
 
     stack.compiles_add_and_norm = variant_compiles
 
+    # The Dense layers of the variants with bias_gradient=keras (per layer, as above).
+    keras_bias_gradient = set()
+    sums_by_product = dense.sums_bias_gradient_by_product
+    dense.sums_bias_gradient_by_product = (
+        lambda layer: id(layer) not in keras_bias_gradient and sums_by_product(layer))
+
     variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
     norms = {name: overrides.pop("layer_norm", "ours") for name, overrides in variants.items()}
     if set(norms.values()) - {"ours", "keras"}:
@@ -97,6 +106,10 @@ def main(argv=None):
                      for name, overrides in variants.items()}
     if set(add_and_norms.values()) - {"as configured", "separate", "compiled"}:
         raise SystemExit("--variants: add_and_norm is separate or compiled.")
+    bias_gradients = {name: overrides.pop("bias_gradient", "as configured")
+                      for name, overrides in variants.items()}
+    if set(bias_gradients.values()) - {"as configured", "keras"}:
+        raise SystemExit("--variants: bias_gradient=keras is the only other bias gradient.")
     fields = {f.name for f in dataclasses.fields(kt.TransformerConfig)}
     unknown = sorted({key for overrides in variants.values() for key in overrides} - fields)
     if unknown:
@@ -120,6 +133,9 @@ def main(argv=None):
         chosen_add_and_norm.update((id(layer), add_and_norms[name])
                                    for layer in models[name]._flatten_layers()
                                    if isinstance(layer, keras.layers.LayerNormalization))
+        if bias_gradients[name] == "keras":
+            keras_bias_gradient.update(id(layer) for layer in models[name]._flatten_layers()
+                                       if isinstance(layer, keras.layers.Dense))
         models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
 
     step_times = {name: [] for name in models}
@@ -150,7 +166,8 @@ def main(argv=None):
               "steps": args.steps, "rounds": rounds, "matmul_floor_s": floor,
               "real_target_tokens_per_step": real,
               "step_s": {name: statistics.median(t) for name, t in step_times.items()},
-              "variants": variants, "layer_norms": norms, "add_and_norms": add_and_norms}
+              "variants": variants, "layer_norms": norms, "add_and_norms": add_and_norms,
+              "bias_gradients": bias_gradients}
     save(args.out or f"benchmarks/results/step_ablation_{args.corpus}_{args.precision}.json",
          report, markdown(report))
 

@@ -120,8 +120,12 @@ class SharedEmbedding(keras.layers.Layer):
         dtype = "float32" if float32_product else self.compute_dtype
         # A 2-D matmul: a batched one would broadcast the table and sum its gradient over B.
         flat = ops.cast(ops.reshape(x, (-1, self.d_model)), dtype)
-        # An einsum, so that no backend is asked for an explicit transpose of the [V, d] table.
-        logits = ops.einsum("nd,vd->nv", flat, ops.cast(self.embeddings, dtype))
+        table = ops.cast(self.embeddings, dtype)
+        if keras.backend.backend() == "tensorflow" and not float32_product:
+            logits = product_with_table(flat, table)
+        else:
+            # An einsum, so that no backend is asked for an explicit transpose of the table.
+            logits = ops.einsum("nd,vd->nv", flat, table)
         return ops.cast(ops.reshape(logits, (*ops.shape(x)[:-1], self.vocab_size)), "float32")
 
     def compute_output_shape(self, input_shape, reverse=False):
@@ -135,6 +139,29 @@ class SharedEmbedding(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}
+
+
+def product_with_table(flat, table):
+    """flat [N, d] times table [V, d] transposed -> [N, V] (TensorFlow only), with the two
+    products of its gradient, d flat = upstream table and d table = upstream^T flat, run one
+    after the other. TensorFlow would run them at once, being independent: on a CPU the two
+    largest products of the step then share the cores and take longer together than one
+    after the other (benchmarks/results/output_projection.md)."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def product(flat, table):
+        def gradient(upstream):
+            d_flat = tf.matmul(upstream, table)
+            with tf.control_dependencies([d_flat]):
+                d_table = tf.matmul(upstream, flat, transpose_a=True)
+            return d_flat, d_table
+
+        return tf.matmul(flat, table, transpose_b=True), gradient
+
+    # Tensors, not a variable: TensorFlow's custom gradient would otherwise ask for the
+    # variable's gradient apart from the inputs' (a float32 table's cast returns it as it is).
+    return product(tf.convert_to_tensor(flat), tf.identity(table))
 
 
 def make_position_layer(kind, max_length, dtype=None):

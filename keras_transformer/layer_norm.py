@@ -86,8 +86,8 @@ def compiles_add_and_norm(x, dropout, norm, training, where_faster_only=True):
 def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     """Training's Add & Norm, LayerNorm(x + Dropout(sublayer_output)) (§3.1, §5.4), as one
     XLA-compiled pass forward and one backward (TensorFlow only; `compiles_add_and_norm` says
-    when). The dropout mask comes from `dropout`'s seed generator as 16 random bits an
-    element, an element dropped when they are below round(rate * 2^16) (the rate to within
+    when). The dropout mask comes from `dropout`'s seed generator as a 16-bit random number
+    an element, an element dropped when it is below round(rate * 2^16) (the rate to within
     2^-16) and the kept ones scaled so that the expectation is unchanged; the norm is `norm`'s
     (its gamma, beta and epsilon; statistics in float32). The sum x + dropped output is formed
     in float32 (the separate layers round it to bfloat16 first).
@@ -106,10 +106,14 @@ def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     rows = tf.shape(flat_x)[0]
     padding = [[0, padding_rows(rows)], [0, 0]]
     seed = tf.cast(tf.math.floormod(dropout.seed_generator.next(), tf.int32.max - 1), tf.int32)
-    bits = tf.random.stateless_uniform([rows + padding[0][1], d // 2], seed, minval=None,
-                                       maxval=None, dtype=tf.uint32)
+    # TensorFlow draws 32 bits at a time; each word is split into the 16-bit numbers of two
+    # neighbouring elements outside the compiled passes, where the split is free (inside them
+    # it tripled the cost of the masked sum).
+    words = tf.random.stateless_uniform([rows + padding[0][1], d // 2], seed, minval=None,
+                                        maxval=None, dtype=tf.uint32)
+    bits = tf.reshape(tf.bitcast(words, tf.uint16), [-1, d])
     threshold = round(dropout.rate * 2**16)
-    mask = (tf.constant(threshold, tf.uint32), tf.constant(2**16 / (2**16 - threshold)))
+    mask = (tf.constant(threshold, tf.uint16), tf.constant(2**16 / (2**16 - threshold)))
     epsilon = tf.constant(norm.epsilon, tf.float32)
 
     @tf.custom_gradient
@@ -133,27 +137,34 @@ def compiled_add_and_norm(x, sublayer_output, dropout, norm):
 @functools.cache
 def _add_and_norm_functions():
     """The XLA-compiled halves of `compiled_add_and_norm`, on [N, d] rows:
-    forward(x, y, bits [N, d/2], threshold, scale, gamma, beta, epsilon) -> (outputs, mean
-    [N], inverse_std [N]); backward(x, y, bits, threshold, scale, gamma, mean, inverse_std,
-    upstream) -> (d_x, d_y, d_gamma, d_beta). The low 16 bits of bits[:, j] decide element j,
-    the high 16 element j + d/2."""
+    forward(x, y, bits [N, d] uint16, threshold, scale, gamma, beta, epsilon) -> (outputs,
+    mean [N], inverse_std [N]); backward(x, y, bits, threshold, scale, gamma, mean,
+    inverse_std, upstream) -> (d_x, d_y, d_gamma, d_beta). bits[i, j] decides element [i, j].
+
+    The sums over a row and over the rows are products with a vector of ones: XLA's CPU
+    code for a row reduction adds one element at a time, its matrix-vector product does not
+    (benchmarks/results/add_and_norm.md)."""
     import tensorflow as tf
 
     from keras_transformer.compiled import rounded, widened
 
     def summed(x, y, bits, threshold, scale):
         """(x + mask * y, mask) in float32."""
-        halves = tf.concat([tf.bitwise.bitwise_and(bits, 0xFFFF),
-                            tf.bitwise.right_shift(bits, 16)], axis=-1)
-        mask = tf.where(halves >= threshold, scale, 0.0)
+        mask = tf.where(bits >= threshold, scale, 0.0)
         return widened(x) + mask * widened(y), mask
+
+    def row_mean(t):
+        return tf.linalg.matvec(t, tf.fill([t.shape[-1]], 1.0 / t.shape[-1]))
+
+    def column_sum(t):
+        return tf.linalg.matvec(t, tf.ones([tf.shape(t)[0]]), transpose_a=True)
 
     @tf.function(jit_compile=True, autograph=False)
     def forward(x, y, bits, threshold, scale, gamma, beta, epsilon):
         total, _ = summed(x, y, bits, threshold, scale)
-        mean = tf.reduce_mean(total, -1)
+        mean = row_mean(total)
         centered = total - mean[:, None]
-        inverse_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), -1) + epsilon)
+        inverse_std = tf.math.rsqrt(row_mean(tf.square(centered)) + epsilon)
         normalized = centered * inverse_std[:, None]
         return rounded(normalized * gamma + beta, x.dtype), mean, inverse_std
 
@@ -164,10 +175,9 @@ def _add_and_norm_functions():
         d_out = widened(upstream)
         g = d_out * gamma
         # As in `layer_norm`'s gradient; the sum's gradient goes to x as it is, to y masked.
-        d_total = (g - tf.reduce_mean(g, -1, keepdims=True)
-                   - normalized * tf.reduce_mean(g * normalized, -1, keepdims=True)
-                   ) * inverse_std[:, None]
+        d_total = (g - row_mean(g)[:, None]
+                   - normalized * row_mean(g * normalized)[:, None]) * inverse_std[:, None]
         return (rounded(d_total, x.dtype), rounded(d_total * mask, y.dtype),
-                tf.reduce_sum(d_out * normalized, 0), tf.reduce_sum(d_out, 0))
+                column_sum(d_out * normalized), column_sum(d_out))
 
     return forward, backward

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from keras_transformer.dense import sums_bias_gradient_by_product
 
 
 @pytest.mark.parametrize("policy, atol", [("float32", 1e-5), ("mixed_bfloat16", 0.05)])
@@ -99,27 +100,25 @@ def test_dropout_masks_follow_the_seed_state():
 def test_compiled_add_and_norm_matches_numpy_and_keras_given_its_bits(rng):
     """Training's compiled Add & Norm under mixed_bfloat16 (layer_norm.py), given its random
     bits: the output against NumPy's LayerNorm(x + mask * y), mask = 1 / (1 - rate) where an
-    element's 16 bits (the low half of bits[:, j] for element j, the high half for j + d/2)
-    reach round(rate * 2^16), else 0; the gradients of x, y, gamma and beta against autodiff
+    element's 16-bit number reaches round(rate * 2^16), else 0; the gradients of x, y, gamma and beta against autodiff
     through Keras' LayerNormalization in float32 on the same sum."""
     from keras_transformer.layer_norm import _add_and_norm_functions
 
     rows, d, rate = 24, 16, 0.3
     x = tf.cast(rng.normal(size=(rows, d)) * 2 + 1, tf.bfloat16)
     y = tf.cast(rng.normal(size=(rows, d)), tf.bfloat16)
-    bits = rng.integers(0, 2**32, size=(rows, d // 2), dtype=np.uint64).astype(np.uint32)
+    bits = rng.integers(0, 2**16, size=(rows, d), dtype=np.uint16)
     gamma, beta = rng.normal(size=d).astype(np.float32), rng.normal(size=d).astype(np.float32)
     upstream = tf.cast(rng.normal(size=(rows, d)), tf.bfloat16)
     threshold = round(rate * 2**16)
     scale = 2**16 / (2**16 - threshold)
     forward, backward = _add_and_norm_functions()
-    mask_args = (tf.constant(threshold, tf.uint32), tf.constant(scale, tf.float32))
+    mask_args = (tf.constant(threshold, tf.uint16), tf.constant(scale, tf.float32))
     out, mean, inverse_std = forward(x, y, tf.constant(bits), *mask_args, gamma, beta,
                                      tf.constant(1e-6))
     grads = backward(x, y, tf.constant(bits), *mask_args, gamma, mean, inverse_std, upstream)
 
-    halves = np.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)
-    mask = np.where(halves >= threshold, scale, 0.0)
+    mask = np.where(bits >= threshold, scale, 0.0)
     assert 0.15 < np.mean(mask == 0) < 0.45  # rate 0.3 over 384 elements
     x64, y64 = (tf.cast(t, tf.float64).numpy() for t in (x, y))
     total = x64 + mask * y64
@@ -242,6 +241,38 @@ def test_dense_equals_keras_dense_on_every_position(rng, quantize):
     for shape in ((3, 5, 8), (4, 8)):
         x = rng.normal(size=shape).astype(np.float32)
         np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_dense_bias_gradient_by_product_matches_keras_dense(rng, activation):
+    """Under mixed_bfloat16 on CPUs the position-wise Dense adds its bias with the bias
+    gradient as a product with a row of ones (dense.bias_and_activation); its outputs and the
+    gradients of the inputs, kernel and bias, traced as in training, against Keras' Dense
+    differentiated by TensorFlow, with the same weights."""
+    ours = kt.Dense(48, activation=activation, dtype="mixed_bfloat16")
+    theirs = keras.layers.Dense(48, activation=activation, dtype="mixed_bfloat16")
+    for layer in (ours, theirs):
+        layer.build((None, 32))
+    theirs.set_weights([rng.normal(size=w.shape) * 0.3 for w in theirs.get_weights()])
+    ours.set_weights(theirs.get_weights())
+    assert sums_bias_gradient_by_product(ours)
+    gelu = kt.Dense(4, activation="gelu", dtype="mixed_bfloat16")
+    gelu.build((None, 8))
+    assert not sums_bias_gradient_by_product(gelu)
+    x = tf.constant(rng.normal(size=(3, 40, 32)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(3, 40, 48)), tf.float32)
+
+    @tf.function
+    def outputs_and_gradients(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        return [tf.cast(y, tf.float32)] + tape.gradient(loss, [x, *layer.trainable_variables])
+
+    for got, want in zip(outputs_and_gradients(ours), outputs_and_gradients(theirs)):
+        # Both in bfloat16 with float32 sums; they differ by the sums' order and roundings.
+        np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want.numpy()).max())
 
 
 def adam_in_numpy(start, grads, lr, beta_1=0.9, beta_2=0.98, epsilon=1e-9, amsgrad=False):

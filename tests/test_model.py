@@ -208,6 +208,34 @@ def test_logits_under_mixed_precision_both_products(rng):
     assert np.any(error > 1e-6)
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_logits_gradients_match_numpy(rng, policy):
+    """The training logits' gradients (on TensorFlow a custom gradient whose two products run
+    one after the other, `embedding.product_with_table`), traced as in training, against
+    NumPy: d x = upstream W and d W = upstream^T x, where the forward product is x W^T (in
+    the compute dtype, so within bfloat16's rounding under mixed_bfloat16)."""
+    layer = kt.SharedEmbedding(40, 16, dtype=policy)
+    layer.build()
+    x = tf.constant(rng.normal(size=(2, 5, 16)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(2, 5, 40)), tf.float32)
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer.logits(tf.cast(x, layer.compute_dtype)) * upstream)
+        return tape.gradient(loss, [x, layer.embeddings])
+
+    d_x, d_table = (g.numpy() for g in gradients())
+    table, flat_x, flat_up = (layer.embeddings.numpy(), x.numpy().reshape(-1, 16),
+                              upstream.numpy().reshape(-1, 40))
+    tolerance = 1e-5 if policy == "float32" else 0.02
+    np.testing.assert_allclose(d_x.reshape(-1, 16), flat_up @ table,
+                               atol=tolerance * np.abs(flat_up @ table).max())
+    np.testing.assert_allclose(d_table, flat_up.T @ flat_x,
+                               atol=tolerance * np.abs(flat_up.T @ flat_x).max())
+
+
 @pytest.mark.parametrize("precision", ["float32", "mixed_float16"])
 def test_gradient_accumulation_weights_every_token_equally(rng, precision):
     """Issue 14: an update accumulated over a short and a long micro-batch equals one update
