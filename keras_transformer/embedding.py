@@ -159,9 +159,9 @@ def product_with_table(flat, table):
 
         return tf.matmul(flat, table, transpose_b=True), gradient
 
-    # Tensors, not a variable: TensorFlow's custom gradient would otherwise ask for the
+    # A tensor, not the variable: TensorFlow's custom gradient would otherwise ask for the
     # variable's gradient apart from the inputs' (a float32 table's cast returns it as it is).
-    return product(tf.convert_to_tensor(flat), tf.identity(table))
+    return product(flat, tf.identity(table))
 
 
 def make_position_layer(kind, max_length, dtype=None):

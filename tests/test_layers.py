@@ -100,8 +100,8 @@ def test_dropout_masks_follow_the_seed_state():
 def test_compiled_add_and_norm_matches_numpy_and_keras_given_its_bits(rng):
     """Training's compiled Add & Norm under mixed_bfloat16 (layer_norm.py), given its random
     bits: the output against NumPy's LayerNorm(x + mask * y), mask = 1 / (1 - rate) where an
-    element's 16-bit number reaches round(rate * 2^16), else 0; the gradients of x, y, gamma and beta against autodiff
-    through Keras' LayerNormalization in float32 on the same sum."""
+    element's 16-bit number reaches round(rate * 2^16), else 0; the gradients of x, y, gamma
+    and beta against autodiff through Keras' LayerNormalization in float32 on the same sum."""
     from keras_transformer.layer_norm import _add_and_norm_functions
 
     rows, d, rate = 24, 16, 0.3
