@@ -32,8 +32,13 @@ def add_and_norm_pays_here():
     or AVX512-BF16), with no GPU. It did on an Intel Xeon with AMX and on an AMD Zen 4 with
     AVX512-BF16; GPUs and emulated bfloat16 were not measured
     (benchmarks/results/add_and_norm.md)."""
-    return (bool(cpu_flags() & set(CPU_BF16_FLAGS))
-            and not tf.config.list_logical_devices("GPU"))
+    return bool(cpu_flags() & set(CPU_BF16_FLAGS)) and on_cpus_only()
+
+
+@functools.cache
+def on_cpus_only():
+    """Whether TensorFlow sees no GPU, so that what was measured on CPUs applies."""
+    return not tf.config.list_logical_devices("GPU")
 
 
 def padding_rows(rows):

@@ -1,8 +1,6 @@
 """The position-wise linear map: one weight matrix applied at every position (§3.2.2's
 projections, §3.3's two linear transformations)."""
 
-import functools
-
 import keras
 from keras import ops
 
@@ -39,17 +37,14 @@ def sums_bias_gradient_by_product(dense):
     ReLU, unquantized. There TensorFlow's bias gradient sums the rows in bfloat16, far from
     the float32 sum, and more slowly than the product with a row of ones that oneDNN
     accumulates in float32 (benchmarks/results/bias_gradient.md)."""
-    return (dense.bias is not None and dense.compute_dtype == "bfloat16"
+    if not (dense.bias is not None and dense.compute_dtype == "bfloat16"
             and dense.quantization_mode is None and dense.lora_rank is None
             and dense.activation in (keras.activations.linear, keras.activations.relu)
-            and keras.backend.backend() == "tensorflow" and _on_cpus())
+            and keras.backend.backend() == "tensorflow"):
+        return False
+    from keras_transformer.compiled import on_cpus_only  # imports TensorFlow
 
-
-@functools.cache
-def _on_cpus():
-    import tensorflow as tf
-
-    return not tf.config.list_logical_devices("GPU")
+    return on_cpus_only()
 
 
 def bias_and_activation(x, bias, relu):
