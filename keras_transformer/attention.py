@@ -47,6 +47,9 @@ class MultiHeadAttention(keras.layers.Layer):
     Call:
         query [B, T_q, d_model]; value [B, T_k, d_model] (defaults to query: self-attention);
         attention_mask boolean, broadcastable to [B, T_q, T_k], True where attending is allowed.
+        real_tokens: a `packing.RealTokens` of a [B, T] padding mask, for self-attention over
+        packed rows: query [N, d_model] holds the N real tokens of [B, T], the projections run
+        on those rows and the outputs are [N, d_model] too (the encoder in training).
         cache: for incremental decoding (keras_transformer/cache.py), a (key, value) pair of
         [B, kv_heads, L, d_k]:
           - with `cache_index`: the preallocated self-attention keys and values; those of the
@@ -89,15 +92,28 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dense = dense(self.num_kv_heads * self.head_dim, "value", value_width)
         self.output_dense = dense(d_model, "attention_output", self.num_heads * self.head_dim)
 
-    def _split_heads(self, x, heads):
-        """[B, T, heads * d_k] -> [B, heads, T, d_k]."""
+    def _split_heads(self, x, heads, real_tokens=None):
+        """[B, T, heads * d_k] -> [B, heads, T, d_k]; from packed rows [N, heads * d_k] with
+        `real_tokens` (keras_transformer/packing.py)."""
+        if real_tokens is not None:
+            return real_tokens.unpack_heads(x, heads)
         x = ops.reshape(x, (*ops.shape(x)[:2], heads, self.head_dim))
         return ops.transpose(x, (0, 2, 1, 3))
 
-    def project_key_value(self, value):
-        """Keys and values [B, kv_heads, T_k, d_k] of `value` [B, T_k, d_model]."""
-        key = self._split_heads(self.key_dense(value), self.num_kv_heads)
-        return key, self._split_heads(self.value_dense(value), self.num_kv_heads)
+    def _merge_heads(self, x, real_tokens=None):
+        """[B, heads, T, d_k] -> [B, T, heads * d_k]; to packed rows [N, heads * d_k] with
+        `real_tokens`."""
+        if real_tokens is not None:
+            return real_tokens.pack_heads(x)
+        batch_size, heads, length = ops.shape(x)[:3]
+        return ops.reshape(ops.transpose(x, (0, 2, 1, 3)),
+                           (batch_size, length, heads * self.head_dim))
+
+    def project_key_value(self, value, real_tokens=None):
+        """Keys and values [B, kv_heads, T_k, d_k] of `value` [B, T_k, d_model] (or its
+        packed rows [N, d_model] with `real_tokens`)."""
+        key = self._split_heads(self.key_dense(value), self.num_kv_heads, real_tokens)
+        return key, self._split_heads(self.value_dense(value), self.num_kv_heads, real_tokens)
 
     def init_cache(self, batch_size, max_length, dtype=None):
         """A zeroed self-attention cache: (key, value), each [B, kv_heads, max_length, d_k]."""
@@ -105,22 +121,22 @@ class MultiHeadAttention(keras.layers.Layer):
                                     dtype or self.compute_dtype)
 
     def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
-             return_attention_scores=False, training=None):
+             return_attention_scores=False, training=None, real_tokens=None):
         groups = self.num_heads // self.num_kv_heads
-        batch_size, query_length = ops.shape(query)[0], ops.shape(query)[1]
-        q = ops.reshape(self.query_dense(query),
-                        (batch_size, query_length, self.num_kv_heads, groups, self.head_dim))
+        q = self._split_heads(self.query_dense(query), self.num_heads, real_tokens)
+        batch_size, query_length = ops.shape(q)[0], ops.shape(q)[2]
         if cache is not None and cache_index is None:
             key, value_heads = cache
         else:
-            key, value_heads = self.project_key_value(query if value is None else value)
+            key, value_heads = self.project_key_value(query if value is None else value,
+                                                      real_tokens)
             if cache is not None:
                 key = decoding_cache.write(cache[0], key, cache_index)
                 value_heads = decoding_cache.write(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
         # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
         # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
-        q = ops.transpose(q, (0, 2, 3, 1, 4))
+        q = ops.reshape(q, (batch_size, self.num_kv_heads, groups, query_length, self.head_dim))
         k, v = ops.expand_dims(key, 2), ops.expand_dims(value_heads, 2)
         mask = None if attention_mask is None else attention_mask[:, None, None]
         drop_weights = None
@@ -128,9 +144,9 @@ class MultiHeadAttention(keras.layers.Layer):
             drop_weights = lambda w: self.drop_weights(w, training=training)  # noqa: E731
         outputs, weights = scaled_dot_product_attention(q, k, ops.cast(v, q.dtype), mask,
                                                         drop_weights)
-        outputs = ops.transpose(outputs, (0, 3, 1, 2, 4))
-        outputs = ops.reshape(outputs, (batch_size, query_length, self.num_heads * self.head_dim))
-        outputs = self.output_dense(outputs)
+        outputs = ops.reshape(outputs,
+                              (batch_size, self.num_heads, query_length, self.head_dim))
+        outputs = self.output_dense(self._merge_heads(outputs, real_tokens))
         if return_attention_scores:
             weights = ops.reshape(weights, (batch_size, self.num_heads, query_length, -1))
         return layer_output(outputs, cache=cache if cache_index is not None else None,

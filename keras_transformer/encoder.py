@@ -7,6 +7,19 @@ from keras_transformer.outputs import layer_output, split_output
 from keras_transformer.stack import LayerStack, StackedLayer
 
 
+def packs_real_tokens(padding_mask, training, where_faster_only=True):
+    """Whether the encoder runs its position-wise sub-layers on the real tokens only, the
+    padding left out (keras_transformer/packing.py): in training, on TensorFlow outside
+    XLA, where it was measured faster (`packing.pays_here`: CPUs). `where_faster_only=False`
+    leaves the machine out."""
+    if not (training is True and padding_mask is not None
+            and keras.backend.backend() == "tensorflow"):
+        return False
+    from keras_transformer.packing import pays_here
+
+    return not where_faster_only or pays_here()
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class EncoderLayer(StackedLayer):
     """One encoder layer (§3.1): multi-head self-attention, then the position-wise
@@ -15,7 +28,9 @@ class EncoderLayer(StackedLayer):
     variant) the norm comes first instead: x + Dropout(Sublayer(LayerNorm(x))).
 
     Call: x [B, S, d_model], padding_mask [B, S] bool (True for real tokens), or
-    attention_mask [B, S, S] bool (True where token i may attend to token j).
+    attention_mask [B, S, S] bool (True where token i may attend to token j); with
+    real_tokens (a `packing.RealTokens` of the padding), x is [N, d_model], the real tokens
+    only, and so is the result.
     Returns [B, S, d_model]; with `return_attention_scores`, a `WithWeights` whose weights are
     [B, h, S, S].
     """
@@ -37,7 +52,7 @@ class EncoderLayer(StackedLayer):
             sublayer.build(input_shape)
 
     def call(self, x, padding_mask=None, return_attention_scores=False, training=None,
-             attention_mask=None):
+             attention_mask=None, real_tokens=None):
         mask = attention_mask
         if mask is None and padding_mask is not None:
             mask = masks.encoder_self_attention(padding_mask)
@@ -46,7 +61,7 @@ class EncoderLayer(StackedLayer):
         y = self.norm_before(x, self.self_attention_norm)
         y, _, weights = split_output(self.self_attention(
             y, attention_mask=mask, return_attention_scores=return_attention_scores,
-            training=training))
+            training=training, real_tokens=real_tokens))
         x = self.add_and_norm(x, y, self.self_attention_dropout, self.self_attention_norm,
                               training)
         x = self.feed_forward_sublayer(x, training)  # §3.3
@@ -63,7 +78,8 @@ class Encoder(LayerStack):
     the sentences of a row, 0 for padding) and positions [B, S] (restarting at 0 in each
     sentence): a token then attends only within its own sentence.
     Returns the memory [B, S, d_model]; with `return_attention_scores`, a `WithWeights` whose
-    weights are a list of per-layer [B, h, S, S].
+    weights are a list of per-layer [B, h, S, S]. In training on CPUs (`packs_real_tokens`)
+    the layers run on the real tokens only and the memory is zero at padded positions.
     """
 
     layer_class = EncoderLayer
@@ -71,6 +87,12 @@ class Encoder(LayerStack):
     def call(self, embeddings, padding_mask=None, return_attention_scores=False, training=None,
              segment_ids=None, positions=None):
         x = embeddings + self.positions(embeddings, positions=positions)
+        real_tokens = None
+        if packs_real_tokens(padding_mask, training):
+            from keras_transformer.packing import RealTokens
+
+            real_tokens = RealTokens(padding_mask)
+            x = real_tokens.pack(x)
         x = self.drop_embeddings(x, training=training)
         mask = None
         if padding_mask is not None:
@@ -79,8 +101,10 @@ class Encoder(LayerStack):
         for layer in self.layers:
             x, _, layer_weights = split_output(layer(
                 x, return_attention_scores=return_attention_scores, training=training,
-                attention_mask=mask))
+                attention_mask=mask, real_tokens=real_tokens))
             weights.append(layer_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if real_tokens is not None:
+            x = real_tokens.unpack(x)
         return layer_output(x, weights=weights if return_attention_scores else None)

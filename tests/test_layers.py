@@ -408,3 +408,37 @@ def test_encoder_and_decoder_layers_match_numpy(rng, norm_first):
         expected = numpy_sublayer(expected, lambda y: numpy_feed_forward(layer.feed_forward, y),
                                   layer.feed_forward_norm, norm_first)
         np.testing.assert_allclose(out, expected, atol=1e-4, err_msg=type(layer).__name__)
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_encoder_on_real_tokens_only_matches_the_padded_encoder(rng, monkeypatch, num_kv_heads):
+    """In training on CPUs the encoder runs its position-wise sub-layers on the real tokens
+    only (keras_transformer/packing.py); its memory at real positions and every gradient
+    against the same encoder computed over the padded [B, S] layout, its memory zero at
+    padded positions."""
+    from keras_transformer import encoder as encoder_module
+
+    encoder = kt.Encoder(2, 4, 32, num_kv_heads=num_kv_heads, dropout=0.0)
+    encoder.build((None, None, 16))
+    lengths = [7, 2, 5, 1]
+    padding = np.arange(7)[None, :] < np.array(lengths)[:, None]
+    embeddings = tf.constant(rng.normal(size=(4, 7, 16)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(4, 7, 16)) * padding[..., None], tf.float32)
+    assert encoder_module.packs_real_tokens(tf.constant(padding), True)
+    assert not encoder_module.packs_real_tokens(tf.constant(padding), False)
+
+    def memory_and_gradients():
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            memory = encoder(embeddings, tf.constant(padding), training=True)
+            loss = tf.reduce_sum(memory * upstream)
+        return memory.numpy(), tape.gradient(loss, [embeddings, *encoder.trainable_variables])
+
+    packed, packed_gradients = memory_and_gradients()
+    monkeypatch.setattr(encoder_module, "packs_real_tokens", lambda *args: False)
+    padded, padded_gradients = memory_and_gradients()
+    np.testing.assert_allclose(packed[padding], padded[padding], rtol=1e-5, atol=1e-5)
+    assert not packed[~padding].any()
+    assert len(packed_gradients) == 1 + 2 * 16  # the embeddings, then 16 weights a layer
+    for ours, theirs in zip(packed_gradients, padded_gradients):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
