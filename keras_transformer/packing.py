@@ -4,25 +4,18 @@ padding of a batch's shorter sentences; attention alone needs the [B, S] layout,
 by one gather per projection. TensorFlow only, outside XLA (the number of real tokens changes
 from batch to batch)."""
 
-import functools
-
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # the XLA context: no public equivalent
 
-
-@functools.cache
-def _in_xla_context_function():
-    from tensorflow.python.ops import control_flow_util  # no public equivalent
-
-    return control_flow_util.GraphOrParentsInXlaContext
+from keras_transformer.compiled import on_cpus_only
 
 
 def pays_here():
-    """Whether the encoder packs its real tokens in this trace: TensorFlow's ops with dynamic
-    row counts, not XLA's (a train step compiled with `jit_compile`, TPUs); measured on CPUs
-    only (benchmarks/results/encoder_packing.md)."""
-    from keras_transformer.compiled import on_cpus_only
-
-    return on_cpus_only() and not _in_xla_context_function()(tf.compat.v1.get_default_graph())
+    """Whether the encoder packs its real tokens in this trace: where TensorFlow runs the ops
+    (XLA, in a train step compiled with `jit_compile` or on TPUs, needs static row counts),
+    on CPUs, where it was measured (benchmarks/results/encoder_packing.md)."""
+    graph = tf.compat.v1.get_default_graph()
+    return on_cpus_only() and not control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
 class RealTokens:
@@ -49,7 +42,8 @@ class RealTokens:
 
     def unpack(self, rows):
         """rows [N, width] -> [B, S, width]."""
-        return tf.reshape(self.unpack_heads(rows, 1), [self.batch_size, self.length, rows.shape[-1]])
+        shape = [self.batch_size, self.length, rows.shape[-1]]
+        return tf.reshape(self.unpack_heads(rows, 1), shape)
 
     def pack_heads(self, x):
         """x [B, heads, S, d] -> [N, heads * d] (attention's heads merged, §3.2.2)."""
