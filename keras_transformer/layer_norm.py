@@ -86,10 +86,9 @@ def compiles_add_and_norm(x, dropout, norm, training, where_faster_only=True):
 def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     """Training's Add & Norm, LayerNorm(x + Dropout(sublayer_output)) (§3.1, §5.4), as one
     XLA-compiled pass forward and one backward (TensorFlow only; `compiles_add_and_norm` says
-    when). The dropout mask comes from `dropout`'s seed generator as a 16-bit random number
-    an element, an element dropped when it is below round(rate * 2^16) (the rate to within
-    2^-16) and the kept ones scaled so that the expectation is unchanged; the norm is `norm`'s
-    (its gamma, beta and epsilon; statistics in float32). The sum x + dropped output is formed
+    when). The dropout mask is the one `dropout` draws on TensorFlow (16-bit random numbers
+    from its seed generator, an element dropped below round(rate * 2^16), dropout.py); the
+    norm is `norm`'s (its gamma, beta and epsilon; statistics in float32). The sum x + dropped output is formed
     in float32 (the separate layers round it to bfloat16 first).
 
     Args: x, sublayer_output [..., d] bfloat16, d even.
@@ -98,6 +97,7 @@ def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     import tensorflow as tf
 
     from keras_transformer.compiled import padding_rows
+    from keras_transformer.dropout import halfword_threshold_and_scale, random_halfwords
 
     forward, backward = _add_and_norm_functions()
     shape, d = tf.shape(x), x.shape[-1]
@@ -105,15 +105,12 @@ def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     flat_y = tf.reshape(tf.cast(sublayer_output, x.dtype), [-1, d])
     rows = tf.shape(flat_x)[0]
     padding = [[0, padding_rows(rows)], [0, 0]]
-    seed = tf.cast(tf.math.floormod(dropout.seed_generator.next(), tf.int32.max - 1), tf.int32)
-    # TensorFlow draws 32 bits at a time; each word is split into the 16-bit numbers of two
-    # neighbouring elements outside the compiled passes, where the split is free (inside them
-    # it tripled the cost of the masked sum).
-    words = tf.random.stateless_uniform([rows + padding[0][1], d // 2], seed, minval=None,
-                                        maxval=None, dtype=tf.uint32)
-    bits = tf.reshape(tf.bitcast(words, tf.uint16), [-1, d])
-    threshold = round(dropout.rate * 2**16)
-    mask = (tf.constant(threshold, tf.uint16), tf.constant(2**16 / (2**16 - threshold)))
+    # Each 32-bit word is split into the 16-bit numbers of two neighbouring elements outside
+    # the compiled passes, where the split is free (inside them it tripled the cost of the
+    # masked sum).
+    bits = random_halfwords(dropout.seed_generator, [rows + padding[0][1], d])
+    threshold, scale = halfword_threshold_and_scale(dropout.rate)
+    mask = (threshold, tf.constant(scale))
     epsilon = tf.constant(norm.epsilon, tf.float32)
 
     @tf.custom_gradient

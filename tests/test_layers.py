@@ -64,12 +64,13 @@ def test_layer_norm_equals_keras_layer_normalization(rng, policy):
     assert (again.epsilon, again.dtype_policy.name) == (1e-3, policy)
 
 
-@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
-def test_dropout_rate_scale_and_gradient(policy):
+@pytest.mark.parametrize("policy, width", [("float32", 256), ("mixed_bfloat16", 256),
+                                           ("float32", 255)])
+def test_dropout_rate_scale_and_gradient(policy, width):
     rate = 0.1
     layer = kt.Dropout(rate, seed=3, dtype=policy)
     dtype = layer.compute_dtype
-    x = tf.cast(tf.fill([64, 32, 256], 2.0), dtype)
+    x = tf.cast(tf.fill([64, 32, width], 2.0), dtype)
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = layer(x, training=True)
@@ -79,8 +80,10 @@ def test_dropout_rate_scale_and_gradient(policy):
     n = y.size
     assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / n)  # a binomial's 4 sigma
     kept = y[y != 0]
-    scale = tf.cast(1 / 0.9, dtype)
+    # The rate as a 16-bit threshold, the kept elements scaled to keep the expectation.
+    scale = tf.cast(2**16 / (2**16 - round(rate * 2**16)), dtype)
     np.testing.assert_allclose(kept, np.float32(tf.cast(2.0, dtype) * scale), rtol=0)
+    np.testing.assert_allclose(np.mean(y), 2.0, rtol=0.01)  # the expectation kept
     np.testing.assert_array_equal(grad == 0, y == 0)  # the same mask backwards
     # Every element an independent draw: no pattern along the paired 16-bit halves.
     pairs = (y.reshape(-1, 2) == 0)
