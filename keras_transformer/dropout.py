@@ -11,10 +11,10 @@ class Dropout(keras.layers.Dropout):
     dtype, and a bfloat16 uniform drops 10.2% for a rate of 0.1 (tests/test_layers.py checks
     the rate). On TensorFlow an element is dropped when its 16-bit random number
     (`random_halfwords`) is below round(rate * 2^16), the rate to within 2^-16, and the kept
-    ones are scaled by 2^16 / (2^16 - that threshold), so that the expectation is unchanged:
-    half the random words of float32 uniforms, whose draws were the largest of the float32
-    step's other ops (benchmarks/results/dropout_bits.md). Elsewhere the uniforms are drawn
-    in float32. Falls back to Keras for `noise_shape`.
+    ones are scaled by 2^16 / (2^16 - that threshold), so that the expectation is unchanged.
+    That takes half the random words of float32 uniforms, whose draws led the float32 step's
+    ops besides the matrix products (benchmarks/results/dropout_bits.md). Other backends draw
+    float32 uniforms. Falls back to Keras for `noise_shape`.
 
     Call: x [..., d], training -> x with elements dropped and the rest scaled.
     """

@@ -88,8 +88,8 @@ def compiled_add_and_norm(x, sublayer_output, dropout, norm):
     XLA-compiled pass forward and one backward (TensorFlow only; `compiles_add_and_norm` says
     when). The dropout mask is the one `dropout` draws on TensorFlow (16-bit random numbers
     from its seed generator, an element dropped below round(rate * 2^16), dropout.py); the
-    norm is `norm`'s (its gamma, beta and epsilon; statistics in float32). The sum x + dropped output is formed
-    in float32 (the separate layers round it to bfloat16 first).
+    norm is `norm`'s (its gamma, beta and epsilon; statistics in float32). The sum x +
+    dropped output is formed in float32 (the separate layers round it to bfloat16 first).
 
     Args: x, sublayer_output [..., d] bfloat16, d even.
     Returns: [..., d] bfloat16.
