@@ -134,11 +134,18 @@ class MultiHeadAttention(keras.layers.Layer):
                 key = decoding_cache.write(cache[0], key, cache_index)
                 value_heads = decoding_cache.write(cache[1], value_heads, cache_index)
                 cache = (key, value_heads)
-        # Queries [B, kv_heads, groups, T, d] against keys and values [B, kv_heads, 1, T_k, d].
-        # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor.)
-        q = ops.reshape(q, (batch_size, self.num_kv_heads, groups, query_length, self.head_dim))
-        k, v = ops.expand_dims(key, 2), ops.expand_dims(value_heads, 2)
-        mask = None if attention_mask is None else attention_mask[:, None, None]
+        # Queries [B, h, T, d] against keys and values [B, h, T_k, d]; where groups of query
+        # heads share a key head, [B, kv_heads, groups, T, d] against [B, kv_heads, 1, T_k, d]
+        # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor).
+        # 4-D where they can be: on CPUs the 5-D products took 10-20% longer
+        # (benchmarks/results/attention_rank.md).
+        k, v = key, value_heads
+        mask = None if attention_mask is None else attention_mask[:, None]
+        if groups > 1:
+            q = ops.reshape(q, (batch_size, self.num_kv_heads, groups, query_length,
+                                self.head_dim))
+            k, v = ops.expand_dims(key, 2), ops.expand_dims(value_heads, 2)
+            mask = None if mask is None else mask[:, None]
         drop_weights = None
         if self.dropout > 0:
             drop_weights = lambda w: self.drop_weights(w, training=training)  # noqa: E731
