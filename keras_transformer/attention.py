@@ -137,7 +137,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # Queries [B, h, T, d] against keys and values [B, h, T_k, d]; where groups of query
         # heads share a key head, [B, kv_heads, groups, T, d] against [B, kv_heads, 1, T_k, d]
         # (expand_dims, not [:, :, None]: a strided slice's gradient copies the whole tensor).
-        # 4-D where they can be: on CPUs the 5-D products took 10-20% longer
+        # 4-D where they can be: on CPUs the 5-D products, softmax and gradients were slower
         # (benchmarks/results/attention_rank.md).
         k, v = key, value_heads
         mask = None if attention_mask is None else attention_mask[:, None]
