@@ -41,14 +41,19 @@ def on_cpus_only():
     return not tf.config.list_logical_devices("GPU")
 
 
+# Padded row counts are multiples of this (the compiled Add & Norm sums its rows in groups
+# of it).
+ROW_MULTIPLE = 8
+
+
 def padding_rows(rows):
     """How many rows to add to `rows` (a scalar tensor) to reach the next of 8 sizes per power
-    of two (a multiple of 8 at least): XLA compiles once per shape, and a batch's token count
-    changes from batch to batch; padded, they share a handful of programs, at most 1/8 more
-    rows each."""
+    of two (a multiple of ROW_MULTIPLE at least): XLA compiles once per shape, and a batch's
+    token count changes from batch to batch; padded, they share a handful of programs, at
+    most 1/8 more rows each."""
     octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(rows, 1), tf.float32))
                                    / tf.math.log(2.0)), tf.int32)
-    granule = tf.bitwise.left_shift(1, tf.maximum(octave - 3, 3))
+    granule = tf.maximum(tf.bitwise.left_shift(1, tf.maximum(octave - 3, 0)), ROW_MULTIPLE)
     return (granule - rows % granule) % granule
 
 

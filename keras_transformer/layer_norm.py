@@ -141,12 +141,12 @@ def _add_and_norm_functions():
     The sums over a row are products with a vector of ones: XLA's CPU code for a row
     reduction adds one element at a time, its matrix-vector product does not. The sums over
     the rows (gamma's and beta's gradients) take two reductions over leading axes instead,
-    [N / 8, 8, d] -> [8, d] -> [d] (N is a multiple of 8, `compiled.padding_rows`): a
+    [N / 8, 8, d] -> [8, d] -> [d] (N is a multiple of 8, `compiled.ROW_MULTIPLE`): a
     product with a vector of ones was as fast only at 4,096 rows and more
     (benchmarks/results/add_and_norm.md)."""
     import tensorflow as tf
 
-    from keras_transformer.compiled import rounded, widened
+    from keras_transformer.compiled import ROW_MULTIPLE, rounded, widened
 
     def summed(x, y, bits, threshold, scale):
         """(x + mask * y, mask) in float32."""
@@ -157,7 +157,7 @@ def _add_and_norm_functions():
         return tf.linalg.matvec(t, tf.fill([t.shape[-1]], 1.0 / t.shape[-1]))
 
     def column_sum(t):
-        return tf.reduce_sum(tf.reduce_sum(tf.reshape(t, [-1, 8, t.shape[-1]]), 0), 0)
+        return tf.reduce_sum(tf.reduce_sum(tf.reshape(t, [-1, ROW_MULTIPLE, t.shape[-1]]), 0), 0)
 
     @tf.function(jit_compile=True, autograph=False)
     def forward(x, y, bits, threshold, scale, gamma, beta, epsilon):
