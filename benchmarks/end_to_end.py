@@ -200,6 +200,9 @@ def run_peer(settings, vocab, files, args, work):
     env = dict(os.environ)
     if not args.peer_bfc:  # what a keras-hub user runs: TensorFlow's default CPU allocator
         env["TF_CPU_ALLOCATOR_USE_BFC"] = "false"
+    # oneDNN's own default, which importing keras_transformer would raise (the loop imports it
+    # for the preset's sizes and the learning-rate schedule).
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode:
         raise RuntimeError(f"the keras-hub loop failed:\n{result.stderr[-4000:]}")

@@ -15,6 +15,10 @@ import os
 # keras_transformer is imported first.
 # `TF_CPU_ALLOCATOR_USE_BFC=false` opts out.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# oneDNN keeps the products it has built for 1,024 shapes by default; a training step on
+# batches of changing shapes builds 20-30 new ones, so a product built for a shape that comes
+# back was evicted by then. Read when oneDNN builds its first product.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "4096")
 
 from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.config import PRESETS, ConfigError, TransformerConfig

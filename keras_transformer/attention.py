@@ -48,8 +48,9 @@ class MultiHeadAttention(keras.layers.Layer):
         query [B, T_q, d_model]; value [B, T_k, d_model] (defaults to query: self-attention);
         attention_mask boolean, broadcastable to [B, T_q, T_k], True where attending is allowed.
         real_tokens: a `packing.RealTokens` of a [B, T] padding mask, for self-attention over
-        packed rows: query [N, d_model] holds the N real tokens of [B, T], the projections run
-        on those rows and the outputs are [N, d_model] too (the encoder in training).
+        packed rows: query [N, d_model] holds the real tokens of [B, T] (then the zero rows
+        `RealTokens` pads them with), the projections run on those rows and the outputs are
+        [N, d_model] too (the encoder in training).
         cache: for incremental decoding (keras_transformer/cache.py), a (key, value) pair of
         [B, kv_heads, L, d_k]:
           - with `cache_index`: the preallocated self-attention keys and values; those of the

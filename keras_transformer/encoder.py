@@ -30,7 +30,7 @@ class EncoderLayer(StackedLayer):
     Call: x [B, S, d_model], padding_mask [B, S] bool (True for real tokens), or
     attention_mask [B, S, S] bool (True where token i may attend to token j); with
     real_tokens (a `packing.RealTokens` of the padding), x is [N, d_model], the real tokens
-    only, and so is the result.
+    only (their rows padded as `RealTokens` says), and so is the result.
     Returns [B, S, d_model]; with `return_attention_scores`, a `WithWeights` whose weights are
     [B, h, S, S].
     """

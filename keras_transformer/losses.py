@@ -73,9 +73,20 @@ def _cross_entropy_functions():
     @tf.function(jit_compile=True, autograph=False)
     def forward(logits, labels, eps):
         x = widened(logits)
-        largest = tf.reduce_max(x, axis=-1)
-        log_normalizer = tf.math.log(tf.reduce_sum(tf.exp(x - largest[:, None]), -1)) + largest
         chosen = tf.gather(x, labels, axis=1, batch_dims=1)
+
+        def log_sum_exp(shift):
+            return tf.math.log(tf.reduce_sum(tf.exp(x - shift[:, None]), -1)) + shift
+
+        # Shifted by each row's own label logit, the sum of exp holds a term of 1, so it
+        # cannot underflow; it overflows only where a logit exceeds the label's by more than
+        # about 88, and then every row is summed again shifted by its largest logit (the
+        # usual form). Training's logits are far from that, and finding the largest took a
+        # pass over [N, V] of its own (benchmarks/results/cross_entropy.md).
+        log_normalizer = log_sum_exp(chosen)
+        log_normalizer = tf.cond(tf.reduce_all(tf.math.is_finite(log_normalizer)),
+                                 lambda: log_normalizer,
+                                 lambda: log_sum_exp(tf.reduce_max(x, axis=-1)))
         vocab = tf.cast(tf.shape(x)[-1], tf.float32)
         # -sum_j t_j log softmax_j, as in `smoothed_cross_entropy_formula`.
         return (log_normalizer - eps / vocab * tf.reduce_sum(x, -1) - (1.0 - eps) * chosen,

@@ -9,6 +9,12 @@ from tensorflow.python.ops import control_flow_util  # the XLA context: no publi
 
 from keras_transformer.compiled import on_cpus_only
 
+# The packed rows are padded with zero rows to a multiple of this. A batch's count of real
+# source tokens is new at nearly every batch, and oneDNN builds each product anew for a row
+# count it has not seen (about 0.5 ms a product); padded, the counts repeat
+# (benchmarks/results/encoder_packing.md).
+ROWS_MULTIPLE = 64
+
 
 def pays_here():
     """Whether the encoder packs its real tokens in this trace: where TensorFlow runs the ops
@@ -21,19 +27,22 @@ def pays_here():
 class RealTokens:
     """Where the real tokens of a [B, S] batch are, and the gathers between the two layouts.
 
-    Rows are the real tokens in row-major order: [N, width], N = number of True entries of
-    `padding_mask`; unpacked, padded positions hold zeros. Each gather's gradient is the
-    other one.
+    Rows are the real tokens in row-major order, then zero rows up to a multiple of
+    `ROWS_MULTIPLE`: [N, width], N = number of True entries of `padding_mask` rounded up.
+    Unpacked, padded positions hold zeros. Each gather's gradient is the other one (nothing
+    reads the zero rows back, so they get none).
     """
 
     def __init__(self, padding_mask):
         shape = tf.shape(padding_mask)
         self.batch_size, self.length = shape[0], shape[1]
         flat = tf.reshape(padding_mask, [-1])
-        self.positions = tf.cast(tf.where(flat)[:, 0], tf.int32)  # [N]: b * S + s
+        self.positions = tf.cast(tf.where(flat)[:, 0], tf.int32)  # of the real tokens: b * S + s
+        real = tf.shape(self.positions)[0]
+        self.rows = real + (ROWS_MULTIPLE - real % ROWS_MULTIPLE) % ROWS_MULTIPLE  # N
         # The row each position reads when unpacking: its rank, or N (a zero row) if padded.
         ranks = tf.cumsum(tf.cast(flat, tf.int32)) - 1
-        ranks = tf.where(flat, ranks, tf.shape(self.positions)[0])
+        ranks = tf.where(flat, ranks, self.rows)
         self.ranks = tf.reshape(ranks, [self.batch_size, 1, self.length])
 
     def pack(self, x):
@@ -68,7 +77,8 @@ class RealTokens:
         heads, d = x.shape[1], x.shape[-1]
         batch, position = self.positions // self.length, self.positions % self.length
         index = (batch[:, None] * heads + tf.range(heads)[None]) * self.length + position[:, None]
-        return tf.reshape(tf.gather(tf.reshape(x, [-1, d]), index), [-1, heads * d])
+        real = tf.reshape(tf.gather(tf.reshape(x, [-1, d]), index), [-1, heads * d])
+        return tf.pad(real, [[0, self.rows - tf.shape(real)[0]], [0, 0]])
 
     def _unpack_heads(self, rows, heads):
         d = rows.shape[-1] // heads

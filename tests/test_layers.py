@@ -420,6 +420,7 @@ def test_encoder_on_real_tokens_only_matches_the_padded_encoder(rng, monkeypatch
     against the same encoder computed over the padded [B, S] layout, its memory zero at
     padded positions."""
     from keras_transformer import encoder as encoder_module
+    from keras_transformer.packing import ROWS_MULTIPLE, RealTokens
 
     encoder = kt.Encoder(2, 4, 32, num_kv_heads=num_kv_heads, dropout=0.0)
     encoder.build((None, None, 16))
@@ -429,6 +430,11 @@ def test_encoder_on_real_tokens_only_matches_the_padded_encoder(rng, monkeypatch
     upstream = tf.constant(rng.normal(size=(4, 7, 16)) * padding[..., None], tf.float32)
     packs = encoder_module.packs_real_tokens
     assert packs(tf.constant(padding), True, where_faster_only=False)
+    # 15 real tokens in rows padded with zero rows to a multiple of ROWS_MULTIPLE.
+    rows = RealTokens(tf.constant(padding)).pack(embeddings).numpy()
+    assert rows.shape[0] % ROWS_MULTIPLE == 0 and rows.shape[0] > padding.sum()
+    np.testing.assert_array_equal(rows[:padding.sum()], embeddings.numpy()[padding])
+    assert not rows[padding.sum():].any()
     assert not packs(tf.constant(padding), False, where_faster_only=False)
 
     def memory_and_gradients():
