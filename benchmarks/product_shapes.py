@@ -77,11 +77,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from benchmarks import save
 
-    env = {**os.environ, "ONEDNN_VERBOSE": "2", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "ONEDNN_VERBOSE": "2", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": args.tree}
     if args.capacity is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(args.capacity)
     result = subprocess.run([sys.executable, "-c", CHILD, args.precision, str(args.steps),
-                             str(args.news_dir)], env={**env, "PYTHONPATH": args.tree},
+                             str(args.news_dir)], env=env,
                             capture_output=True, text=True, cwd=args.tree)
     if result.returncode:
         raise RuntimeError(f"the training run failed:\n{result.stderr[-4000:]}")

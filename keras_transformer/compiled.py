@@ -46,6 +46,11 @@ def on_cpus_only():
 ROW_MULTIPLE = 8
 
 
+def padding_to_multiple(rows, multiple):
+    """How many rows to add to `rows` (a scalar tensor) to reach a multiple of `multiple`."""
+    return (multiple - rows % multiple) % multiple
+
+
 def padding_rows(rows):
     """How many rows to add to `rows` (a scalar tensor) to reach the next of 8 sizes per power
     of two (a multiple of ROW_MULTIPLE at least): XLA compiles once per shape, and a batch's
@@ -54,7 +59,7 @@ def padding_rows(rows):
     octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(rows, 1), tf.float32))
                                    / tf.math.log(2.0)), tf.int32)
     granule = tf.maximum(tf.bitwise.left_shift(1, tf.maximum(octave - 3, 0)), ROW_MULTIPLE)
-    return (granule - rows % granule) % granule
+    return padding_to_multiple(rows, granule)
 
 
 # bfloat16 is the upper half of a float32's bits. XLA's CPU code for a convert between the two

@@ -7,7 +7,7 @@ from batch to batch)."""
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # the XLA context: no public equivalent
 
-from keras_transformer.compiled import on_cpus_only
+from keras_transformer.compiled import on_cpus_only, padding_to_multiple
 
 # The packed rows are padded with zero rows to a multiple of this. A batch's count of real
 # source tokens is new at nearly every batch, and oneDNN builds each product anew for a row
@@ -38,8 +38,8 @@ class RealTokens:
         self.batch_size, self.length = shape[0], shape[1]
         flat = tf.reshape(padding_mask, [-1])
         self.positions = tf.cast(tf.where(flat)[:, 0], tf.int32)  # of the real tokens: b * S + s
-        real = tf.shape(self.positions)[0]
-        self.rows = real + (ROWS_MULTIPLE - real % ROWS_MULTIPLE) % ROWS_MULTIPLE  # N
+        self.zero_rows = padding_to_multiple(tf.shape(self.positions)[0], ROWS_MULTIPLE)
+        self.rows = tf.shape(self.positions)[0] + self.zero_rows  # N
         # The row each position reads when unpacking: its rank, or N (a zero row) if padded.
         ranks = tf.cumsum(tf.cast(flat, tf.int32)) - 1
         ranks = tf.where(flat, ranks, self.rows)
@@ -78,7 +78,7 @@ class RealTokens:
         batch, position = self.positions // self.length, self.positions % self.length
         index = (batch[:, None] * heads + tf.range(heads)[None]) * self.length + position[:, None]
         real = tf.reshape(tf.gather(tf.reshape(x, [-1, d]), index), [-1, heads * d])
-        return tf.pad(real, [[0, self.rows - tf.shape(real)[0]], [0, 0]])
+        return tf.pad(real, [[0, self.zero_rows], [0, 0]])
 
     def _unpack_heads(self, rows, heads):
         d = rows.shape[-1] // heads
