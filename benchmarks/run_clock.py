@@ -1,0 +1,115 @@
+"""How a real training run's steps compare with its steady step: `python -m trainers.wmt` on the
+news corpus at the end-to-end benchmark's settings, its own pipeline and callbacks, with a clock
+on every call into the step (--steps_per_execution steps each). Each call's wall clock, the
+process's CPU use during it and the main Python thread's CPU seconds; the calls' excess over
+their median says how much of the run is not the steady step (warm-up at new shapes, the
+input pipeline tokenizing a new window beside the step, checkpoints and backups).
+
+    python -m benchmarks.run_clock [--precision mixed_bfloat16] [--minutes 3] [--news_dir DIR]
+        [--out benchmarks/results/run_clock_news_<precision>.json]
+
+As the trainer's own figures (`Throughput`), each epoch's first call is left out of the timed
+calls: it holds the tracing, and its clock starts before the epoch's first batch is read.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+
+from benchmarks.end_to_end import NEWS_DIR, describe_hardware, hardware
+from benchmarks.step_profile import corpus_flags
+
+
+def clocked_run(flags):
+    """(calls, summary): `python -m trainers.wmt flags` in this process, and for each call into
+    the step its epoch, last batch index, wall seconds, process CPU seconds and main-thread CPU
+    seconds; the run's train_summary.json."""
+    import keras
+
+    from trainers import training, wmt
+
+    calls = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = (time.perf_counter(), time.process_time(), time.thread_time())
+
+        def on_train_batch_end(self, batch, logs=None):
+            wall, cpu, thread = self.start
+            calls.append({"epoch": self.epoch, "batch": batch,
+                          "seconds": time.perf_counter() - wall,
+                          "cpu_seconds": time.process_time() - cpu,
+                          "main_thread_cpu_seconds": time.thread_time() - thread})
+
+    make_callbacks = training.make_callbacks
+    training.make_callbacks = lambda *args, **kwargs: make_callbacks(*args, **kwargs) + [Clock()]
+    model_dir = tempfile.mkdtemp(prefix="kt-run-clock-")
+    try:
+        wmt.main(flags + ["--model_dir", model_dir])
+    finally:
+        training.make_callbacks = make_callbacks
+    return calls, json.loads(pathlib.Path(model_dir, "train_summary.json").read_text())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--news_dir", default=NEWS_DIR)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from benchmarks import save
+
+    flags = corpus_flags("news", args.news_dir, args.precision) + [
+        "--train_minutes", str(args.minutes), "--train_steps", "1000000",
+        "--validate_every_steps", "100", "--no_validation", "--eval_every_steps", "0",
+        "--no_eval", "--no_export", "--verbose", "0"]
+    calls, summary = clocked_run(flags)
+    first = {}
+    for i, call in enumerate(calls):
+        first.setdefault(call["epoch"], i)
+    timed = [c for i, c in enumerate(calls) if i not in first.values()]
+    median = statistics.median(c["seconds"] for c in timed)
+    report = {"hardware": hardware(), "precision": args.precision, "minutes": args.minutes,
+              "summary": {k: v for k, v in summary.items() if k != "epochs"},
+              "median_call_s": median,
+              "timed_s": sum(c["seconds"] for c in timed),
+              "excess_over_median_s": sum(c["seconds"] - median for c in timed),
+              "calls": calls}
+    save(args.out or f"benchmarks/results/run_clock_news_{args.precision}.json", report,
+         markdown(report))
+
+
+def markdown(report):
+    s = report["summary"]
+    lines = [f"{describe_hardware(report['hardware'])}; `python -m trainers.wmt` on the news "
+             f"corpus, {report['precision']}, {report['minutes']:g} minutes: {s['steps']} steps, "
+             f"{s['tokens_per_second']:,.0f} real target tokens/s, CPU use "
+             f"{100 * s['cpu_use']:.0f}%",
+             "",
+             f"Timed calls (each epoch's first left out): {report['timed_s']:.1f} s; their median "
+             f"{report['median_call_s']:.3f} s; the excess over the median "
+             f"{report['excess_over_median_s']:.1f} s "
+             f"({100 * report['excess_over_median_s'] / report['timed_s']:.1f}% of the timed "
+             "calls)",
+             "", "| epoch | last batch | seconds | over the median | CPU use (of all cores) "
+             "| main thread CPU s |", "|---|---|---|---|---|---|"]
+    cores = os.cpu_count()
+    for c in report["calls"]:
+        lines.append(f"| {c['epoch'] + 1} | {c['batch']} | {c['seconds']:.2f} | "
+                     f"{c['seconds'] - report['median_call_s']:+.2f} | "
+                     f"{100 * c['cpu_seconds'] / (c['seconds'] * cores):.0f}% | "
+                     f"{c['main_thread_cpu_seconds']:.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
