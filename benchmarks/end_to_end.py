@@ -160,14 +160,20 @@ def prepare_vocabulary(corpus_args, model_dir):
     return tokenizer.save(pathlib.Path(model_dir) / "benchmark-vocab.model")
 
 
+def timed_training_flags(minutes):
+    """The trainer's flags for a benchmark run: `minutes` of training (the step count out of
+    reach), a backup every 100 steps, and no validation loss or BLEU during training, as the
+    keras-hub loop."""
+    return ["--train_minutes", str(minutes), "--train_steps", "1000000",
+            "--validate_every_steps", "100", "--no_validation", "--eval_every_steps", "0"]
+
+
 def run_ours(corpus_args, settings, args, work):
     model_dir = work / f"ours-{random.random():.6f}"
     command = [sys.executable, "-m", "trainers.wmt", *corpus_args, "--preset", "tiny",
-               "--precision", args.precision, "--train_minutes", str(args.minutes),
-               "--train_steps", "1000000", "--validate_every_steps", "100", "--average_last", "1",
-               "--beam_size", "1", "--alpha", "0", "--eval_splits", "test",
+               "--precision", args.precision, *timed_training_flags(args.minutes),
+               "--average_last", "1", "--beam_size", "1", "--alpha", "0", "--eval_splits", "test",
                "--eval_max_sentences", str(args.eval_sentences), "--no_export",
-               "--no_validation", "--eval_every_steps", "0",  # as the keras-hub loop
                "--model_dir", str(model_dir), "--verbose", "2"]
     if args.xla:
         command += ["--jit_compile", "--static_batches"]

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.end_to_end import CORPORA, ROOT, describe_hardware
+from benchmarks.end_to_end import CORPORA, ROOT, describe_hardware, timed_training_flags
 
 KERNELS = ("dropout",)
 VARIANTS = {"hand-written": (), **{f"stock {k}": (k,) for k in KERNELS}}
@@ -57,9 +57,8 @@ def run(kernels, minutes, work):
                "--max_train_length", str(settings["max_length"]),
                "--warmup_steps", str(settings["warmup_steps"]),
                "--lr_scale", str(settings["lr_scale"]), "--precision", "float32",
-               "--train_minutes", str(minutes), "--train_steps", "1000000",
-               "--validate_every_steps", "100", "--no_eval", "--no_validation",
-               "--eval_every_steps", "0", "--model_dir", str(model_dir), "--verbose", "2"]
+               *timed_training_flags(minutes), "--no_eval", "--model_dir", str(model_dir),
+               "--verbose", "2"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"the trainer failed:\n{result.stderr[-4000:]}")

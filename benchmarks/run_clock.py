@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.end_to_end import NEWS_DIR, describe_hardware, hardware
+from benchmarks.end_to_end import NEWS_DIR, describe_hardware, hardware, timed_training_flags
 from benchmarks.step_profile import corpus_flags
 
 
@@ -62,12 +62,12 @@ def clocked_run(flags):
 def clock_report(calls, summary):
     """The calls (`clocked_run`) beside the last epoch's median call: each epoch's first call
     left out, as the trainer's `Throughput` does."""
-    first = {}
-    for i, call in enumerate(calls):
-        first.setdefault(call["epoch"], i)
-    timed = [c for i, c in enumerate(calls) if i not in first.values()]
-    medians = {epoch + 1: statistics.median(c["seconds"] for c in timed if c["epoch"] == epoch)
-               for epoch in first if any(c["epoch"] == epoch for c in timed)}
+    timed = [c for before, c in zip([None] + calls, calls)
+             if before is not None and before["epoch"] == c["epoch"]]
+    seconds_by_epoch = {}
+    for c in timed:
+        seconds_by_epoch.setdefault(c["epoch"] + 1, []).append(c["seconds"])
+    medians = {epoch: statistics.median(s) for epoch, s in seconds_by_epoch.items()}
     median = medians[max(medians)]
     return {"summary": {k: v for k, v in summary.items() if k != "epochs"},
             "median_call_s_by_epoch": medians, "median_call_s": median,
@@ -86,10 +86,8 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from benchmarks import save
 
-    flags = corpus_flags("news", args.news_dir, args.precision) + [
-        "--train_minutes", str(args.minutes), "--train_steps", "1000000",
-        "--validate_every_steps", "100", "--no_validation", "--eval_every_steps", "0",
-        "--no_eval", "--no_export", "--verbose", "0"]
+    flags = (corpus_flags("news", args.news_dir, args.precision)
+             + timed_training_flags(args.minutes) + ["--no_eval", "--no_export", "--verbose", "0"])
     calls, summary = clocked_run(flags)
     report = clock_report(calls, summary)
     report.update(hardware=hardware(), precision=args.precision, minutes=args.minutes)

@@ -10,7 +10,6 @@ matmul floor (benchmarks.training.matmul_floor: exactly the step's matrix produc
 The profiled steps come after --warmup steps on as many other batches: the first few dozen
 steps of a run are slower than the rest, since oneDNN builds its products for each shape it
 has not kept yet and XLA compiles the loss and the Add & Norm for each new padded row count.
-After 12 steps the step was 1.4x its steady time on a Zen 4 (0.986 against 0.702 s after 150).
 
 Op times are summed over TensorFlow's threads (2 on a 2-core machine), so shares are of the
 op time, not of the wall clock; the wall-clock step time and the floor are measured apart.
