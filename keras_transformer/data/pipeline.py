@@ -42,6 +42,7 @@ from keras_transformer.config import BATCHING, ConfigError
 from keras_transformer.tokenizer import BOS_ID, EOS_ID
 
 logger = logging.getLogger(__name__)
+SHUFFLED_BLOCKS = 1024  # the elements a large pair shuffle buffer holds (see shuffled_pairs)
 
 
 def bucket_boundaries(max_length, smallest=8, growth=1.25):
@@ -279,7 +280,7 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle:
-        pairs = pairs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        pairs = shuffled_pairs(pairs, shuffle_buffer, seed)
     if repeat:
         pairs = pairs.repeat()
     dataset = _batched(pairs, tokenizer, stats, batching, static, batch_tokens, max_length,
@@ -291,6 +292,22 @@ def make_dataset(pairs, tokenizer, *, batch_tokens=4096, max_length=128, shuffle
         batches = 32 if batching == "concat" else 256
         dataset = dataset.shuffle(batches, seed=seed + 1, reshuffle_each_iteration=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def shuffled_pairs(pairs, buffer, seed):
+    """`pairs` shuffled with a buffer of about `buffer` pairs, reshuffled every epoch.
+
+    A training backup saves the shuffle buffer with the input position while the steps
+    wait, and tf.data writes each buffered element as its own entry: the entries, more than
+    the bytes, take the time. So a large buffer holds blocks of consecutive pairs (about
+    1,000 of them) instead, and a second buffer of 32 blocks' pairs mixes the blocks' pairs
+    among themselves: the same reach through the corpus, with a few thousand entries.
+    """
+    block = max(1, buffer // SHUFFLED_BLOCKS)
+    if block == 1:
+        return pairs.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    blocks = pairs.batch(block).shuffle(buffer // block, seed=seed, reshuffle_each_iteration=True)
+    return blocks.unbatch().shuffle(32 * block, seed=seed + 2, reshuffle_each_iteration=True)
 
 
 def _check_budget(batch_tokens, max_length, batching, row_length):
