@@ -307,6 +307,7 @@ def shuffled_pairs(pairs, buffer, seed):
     if block == 1:
         return pairs.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     blocks = pairs.batch(block).shuffle(buffer // block, seed=seed, reshuffle_each_iteration=True)
+    # seed + 1 shuffles the batches (make_dataset): a seed of its own for each shuffle.
     return blocks.unbatch().shuffle(32 * block, seed=seed + 2, reshuffle_each_iteration=True)
 
 
