@@ -11,6 +11,12 @@ For each decoder layer the cache is one dict of four tensors:
     "memory_key", "memory_value"  [B, kv_heads, S, d_k]  encoder-decoder keys and values of
                                   the encoder memory, computed once per source batch.
 
+Where the decoding length is not static (on TensorFlow outside XLA: the translators' traces
+and the SavedModel's signatures) a search starts the self-attention buffers at `FIRST_LENGTH`
+positions and doubles them as decoding reaches their end (`with_room`): a sentence rarely
+needs the whole source length + 50 that the limit allows, and every step's attention and
+beam reordering reads the whole buffer.
+
 Heads come before positions, so attention reads the cache without a transpose. A search loop
 carries only the self-attention half (`carried`), which changes every step, and keeps the
 memory half (`fixed`) outside the loop; beam search `reorder`s the carried half to follow each
@@ -22,6 +28,7 @@ from keras import ops
 
 SELF_ATTENTION = ("key", "value")
 MEMORY = ("memory_key", "memory_value")
+FIRST_LENGTH = 16  # positions of a growing self-attention buffer before its first doubling
 
 
 def empty(batch_size, kv_heads, max_length, head_dim, dtype):
@@ -47,7 +54,8 @@ def write(buffer, update, index):
 
 
 def scatter_write(buffer, update, index):
-    """`write` as a scatter of core TensorFlow ops (TensorFlow only)."""
+    """`write` as a scatter of core TensorFlow ops (TensorFlow only). The buffer's values must
+    be finite (a cache's are)."""
     import tensorflow as tf
 
     shape = tf.shape(update)
@@ -55,7 +63,52 @@ def scatter_write(buffer, update, index):
                                       tf.range(shape[2]) + tf.cast(index, tf.int32),
                                       indexing="ij")
     indices = tf.reshape(tf.stack([batch, heads, steps], axis=-1), [-1, 3])
-    return tf.tensor_scatter_nd_update(buffer, indices, tf.reshape(update, [-1, shape[3]]))
+    updates = tf.reshape(update, [-1, shape[3]])
+    if in_xla_function():  # XLA writes in place itself, and has no kernel for the adds below
+        return tf.tensor_scatter_nd_update(buffer, indices, updates)
+    # `tensor_scatter_nd_update` copies the whole buffer, at every decoding step: its kernel
+    # never reuses its input's memory. These two adds reuse it whenever nothing else holds
+    # it: the first zeroes the T positions (x + -x is exactly 0 for a finite x), the second
+    # adds the update there, so the result is the update bit for bit.
+    zeroed = tf.raw_ops.ScatterNdNonAliasingAdd(input=buffer, indices=indices,
+                                                updates=-tf.gather_nd(buffer, indices))
+    return tf.raw_ops.ScatterNdNonAliasingAdd(input=zeroed, indices=indices, updates=updates)
+
+
+def in_xla_function():
+    """Whether TensorFlow is tracing a function that XLA will compile (`jit_compile=True`, or
+    inside one, or a TPU computation)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # a TensorFlow without it: take the form XLA compiles
+        return True
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def can_grow(max_length):
+    """Whether a search may start its buffers at `FIRST_LENGTH` and grow them up to
+    `max_length`: on TensorFlow, outside XLA, where `max_length` is a tensor (a static length
+    keeps every shape static, as XLA and TPUs need)."""
+    return (keras.backend.backend() == "tensorflow" and not isinstance(max_length, int)
+            and not in_xla_function())
+
+
+def with_room(carried_caches, index, max_length):
+    """The carried caches with room for position `index`: as they are, or, once `index` has
+    reached their length, zero-padded to twice that length (at most `max_length`). Only
+    where `can_grow`."""
+    import tensorflow as tf
+
+    length = tf.shape(carried_caches[0]["key"])[2]
+
+    def doubled():
+        more = tf.minimum(2 * length, max_length) - length
+        padding = [[0, 0], [0, 0], [0, more], [0, 0]]
+        return tf.nest.map_structure(lambda t: tf.pad(t, padding), carried_caches)
+
+    return tf.cond(index < length, lambda: carried_caches, doubled)
 
 
 def carried(caches):

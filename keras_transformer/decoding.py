@@ -138,15 +138,18 @@ def _decoder_state(model, memory, max_steps, use_cache):
     a buffer [N, max_steps] of the decoder inputs so far, run whole at every step, and None."""
     if not use_cache:
         return ops.zeros((ops.shape(memory)[0], max_steps), "int32"), None
-    caches = model.init_cache(memory, max_steps)
+    length = max_steps
+    if decoding_cache.can_grow(max_steps):  # `_next_log_probs` grows it as needed
+        length = ops.minimum(max_steps, decoding_cache.FIRST_LENGTH)
+    caches = model.init_cache(memory, length)
     return decoding_cache.carried(caches), decoding_cache.fixed(caches)
 
 
-def _next_log_probs(model, tokens, carried, fixed, index, memory, memory_mask, bos_id,
-                    return_attention):
-    """Log-probabilities [N, V] of the token after `tokens` [N] (at position `index`), the new
-    carried state and, with `return_attention`, the last layer's cross-attention averaged
-    over heads [N, S]. Padding and BOS are never generated."""
+def _next_log_probs(model, tokens, carried, fixed, index, max_steps, memory, memory_mask,
+                    bos_id, return_attention):
+    """Log-probabilities [N, V] of the token after `tokens` [N] (at position `index` of at
+    most `max_steps`), the new carried state and, with `return_attention`, the last layer's
+    cross-attention averaged over heads [N, S]. Padding and BOS are never generated."""
     if fixed is None:  # no cache: run the decoder over the whole prefix
         prefix = _write_token(carried, index, tokens)
         hidden, _, weights = split_output(model.decoder(
@@ -154,6 +157,8 @@ def _next_log_probs(model, tokens, carried, fixed, index, memory, memory_mask, b
             return_attention_scores=return_attention, training=False))
         logits, carried = model.embedding.logits(hidden[:, -1], float32_product=True), prefix
     else:
+        if decoding_cache.can_grow(max_steps):
+            carried = decoding_cache.with_room(carried, index, max_steps)
         logits, caches, weights = split_output(model.decode_step(
             tokens[:, None], decoding_cache.merged(carried, fixed), index, memory_mask,
             return_attention_scores=return_attention))
@@ -229,8 +234,8 @@ def greedy_search(model, source_ids, *, bos_id, eos_id, max_extra=50,
     def body(state):
         i = state.step
         log_probs, carried, weights = _next_log_probs(
-            model, state.tokens, state.carried, fixed, i, memory, memory_mask, bos_id,
-            return_attention)
+            model, state.tokens, state.carried, fixed, i, max_steps, memory, memory_mask,
+            bos_id, return_attention)
         finished = state.finished
         tokens = ops.where(finished, model.config.pad_id,
                            ops.cast(ops.argmax(log_probs, axis=-1), "int32"))
@@ -370,8 +375,8 @@ def beam_search(model, source_ids, *, bos_id, eos_id, beam_size=4, alpha=0.6, ma
 
     def body(state):  # one step: every live hypothesis extended by one token
         log_probs, carried, weights = _next_log_probs(
-            model, state.tokens, state.carried, fixed, state.step, memory, memory_mask, bos_id,
-            return_attention)
+            model, state.tokens, state.carried, fixed, state.step, max_steps, memory,
+            memory_mask, bos_id, return_attention)
         top = _extend(state, log_probs, weights, batch, k, limits, eos_id, return_attention)
         # The K best extensions that go on, and the K best finished hypotheses; a source is
         # done (its hypotheses frozen) once no live one can beat its n-th finished one: the n

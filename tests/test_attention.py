@@ -96,17 +96,27 @@ def test_cached_self_attention_equals_full_pass(rng):
 
 def test_cache_write_scatter_equals_slice_update(rng):
     """The decoding cache's write on TensorFlow (a scatter, which stock TF Serving runs) and on
-    the other backends (`ops.slice_update`) against NumPy assignment, at every position."""
+    the other backends (`ops.slice_update`) against NumPy assignment, at every position, over
+    non-zero slots too; eagerly, where the buffer given must stay as it was, in a function,
+    where the write reuses a buffer that the function made, and compiled by XLA."""
     from keras_transformer import cache
 
-    buffer = rng.normal(size=(2, 3, 7, 4)).astype(np.float32)
-    for steps in (1, 3):
-        update = rng.normal(size=(2, 3, steps, 4)).astype(np.float32)
-        for index in range(7 - steps + 1):
-            expected = buffer.copy()
-            expected[:, :, index:index + steps] = update
-            scattered = cache.scatter_write(tf.constant(buffer), tf.constant(update),
-                                            tf.constant(index))
-            sliced = keras.ops.slice_update(buffer, (0, 0, index, 0), update)
-            np.testing.assert_array_equal(scattered, expected)
-            np.testing.assert_array_equal(sliced, expected)
+    @tf.function(autograph=False)
+    def in_graph(buffer, update, index):  # `buffer * 1.0`: a tensor only the write holds
+        return cache.scatter_write(buffer * 1.0, update, index)
+
+    under_xla = tf.function(cache.scatter_write, jit_compile=True, autograph=False)
+    for dtype in ("float32", "bfloat16"):
+        buffer = rng.normal(size=(2, 3, 7, 4)).astype(dtype)
+        for steps in (1, 3):
+            update = rng.normal(size=(2, 3, steps, 4)).astype(dtype)
+            for index in range(7 - steps + 1):
+                expected = buffer.copy()
+                expected[:, :, index:index + steps] = update
+                given = tf.constant(buffer)
+                for write in (cache.scatter_write, in_graph, under_xla):
+                    written = write(given, tf.constant(update), tf.constant(index))
+                    np.testing.assert_array_equal(written.numpy(), expected)
+                np.testing.assert_array_equal(given.numpy(), buffer)
+                sliced = keras.ops.slice_update(buffer, (0, 0, index, 0), update)
+                np.testing.assert_array_equal(sliced, expected)

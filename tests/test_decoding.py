@@ -292,6 +292,46 @@ def test_cache_gives_the_same_result_as_recomputing_the_prefix(model, rng, searc
     np.testing.assert_allclose(cached["attention"], plain["attention"], atol=1e-5)
 
 
+def test_a_growing_cache_decodes_as_the_whole_one(model, rng, monkeypatch):
+    """Where the length is not static (the translators' and the SavedModel's traces) the
+    searches start the self-attention cache at 16 positions and double it (keras_transformer/
+    cache.py): with EOS never produced, 45 steps take it through 16, 32 and 45 positions, and
+    the hypotheses, scores and attention are those of the same search with static shapes,
+    which allocates the whole cache at once."""
+    from keras_transformer import cache
+    from keras_transformer.translator import traced_searches
+
+    traced_with_room = []
+    with_room = cache.with_room
+    monkeypatch.setattr(cache, "with_room",
+                        lambda *args: traced_with_room.append(1) or with_room(*args))
+    source = random_ids(rng, 3, 5, 30, min_length=5)
+    never = 30  # outside the vocabulary: no hypothesis ends before the limit
+    greedy, beam = traced_searches(model, BOS, never, "gnmt")  # traced at their first call
+    extra = tf.constant(40)
+    grown = {"greedy": greedy(tf.constant(source), extra),
+             "beam": beam(tf.constant(source), tf.constant(3), tf.constant(0.6), extra,
+                          tf.constant(2))}
+    assert len(traced_with_room) == 2  # each search's trace grows its cache
+    whole = {"greedy": greedy_search(model, source, bos_id=BOS, eos_id=never, max_extra=40),
+             "beam": beam_search(model, source, bos_id=BOS, eos_id=never, beam_size=3,
+                                 max_extra=40, num_return=2)}
+    for name in grown:
+        sequences, scores = grown[name]
+        expected = whole[name]
+        expected_sequences = np.reshape(expected["sequences"], sequences.shape)
+        assert sequences.shape[-1] == 45 and np.all(expected_sequences != 0)
+        np.testing.assert_array_equal(sequences, expected_sequences)
+        np.testing.assert_allclose(scores, np.reshape(expected["scores"], scores.shape),
+                                   rtol=1e-5)
+    # The buffers' growth itself: doubled when the position reaches their end, capped.
+    buffers = [{"key": tf.ones((2, 1, 16, 3)), "value": tf.ones((2, 1, 16, 3))}]
+    for index, length in ((15, 16), (16, 32), (32, 45)):
+        buffers = cache.with_room(buffers, tf.constant(index), tf.constant(45))
+        assert buffers[0]["key"].shape[2] == length
+    np.testing.assert_array_equal(buffers[0]["value"][:, :, 16:], 0)
+
+
 def test_a_pad_id_other_than_zero_is_honoured(rng, sample_tokenizer):
     """Issue 14, item 5: with config.pad_id = 7 a batch padded with 7 decodes each row as that
     row alone, unpadded (the masks read pad_id), and outputs are padded with 7, never 0; the
