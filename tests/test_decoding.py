@@ -296,8 +296,8 @@ def test_a_growing_cache_decodes_as_the_whole_one(model, rng, monkeypatch):
     """Where the length is not static (the translators' and the SavedModel's traces) the
     searches start the self-attention cache at 16 positions and double it (keras_transformer/
     cache.py): with EOS never produced, 45 steps take it through 16, 32 and 45 positions, and
-    the hypotheses, scores and attention are those of the same search with static shapes,
-    which allocates the whole cache at once."""
+    the hypotheses and scores are those of the same search with static shapes, which
+    allocates the whole cache at once."""
     from keras_transformer import cache
     from keras_transformer.translator import traced_searches
 
