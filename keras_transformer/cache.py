@@ -58,6 +58,8 @@ def scatter_write(buffer, update, index):
     be finite (a cache's are)."""
     import tensorflow as tf
 
+    from keras_transformer.compiled import in_xla_function
+
     shape = tf.shape(update)
     batch, heads, steps = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]),
                                       tf.range(shape[2]) + tf.cast(index, tf.int32),
@@ -75,24 +77,15 @@ def scatter_write(buffer, update, index):
     return tf.raw_ops.ScatterNdNonAliasingAdd(input=zeroed, indices=indices, updates=updates)
 
 
-def in_xla_function():
-    """Whether TensorFlow is tracing a function that XLA will compile (`jit_compile=True`, or
-    inside one, or a TPU computation)."""
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # a TensorFlow without it: take the form XLA compiles
-        return True
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-
-
 def can_grow(max_length):
     """Whether a search may start its buffers at `FIRST_LENGTH` and grow them up to
     `max_length`: on TensorFlow, outside XLA, where `max_length` is a tensor (a static length
     keeps every shape static, as XLA and TPUs need)."""
-    return (keras.backend.backend() == "tensorflow" and not isinstance(max_length, int)
-            and not in_xla_function())
+    if keras.backend.backend() != "tensorflow" or isinstance(max_length, int):
+        return False
+    from keras_transformer.compiled import in_xla_function
+
+    return not in_xla_function()
 
 
 def with_room(carried_caches, index, max_length):

@@ -1,11 +1,13 @@
 """What the passes TensorFlow hands to XLA share (the loss, losses.py; training's Add & Norm
 under mixed_bfloat16, layer_norm.py): row counts padded to a few shapes, bfloat16 converted
-on its bits, and whether a pass pays on this machine. TensorFlow only."""
+on its bits, whether a trace is one XLA compiles, and whether a pass pays on this machine.
+TensorFlow only."""
 
 import functools
 import pathlib
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # the XLA context: no public equivalent
 
 
 def cpu_flags(cpuinfo="/proc/cpuinfo"):
@@ -33,6 +35,12 @@ def add_and_norm_pays_here():
     AVX512-BF16; GPUs and emulated bfloat16 were not measured
     (benchmarks/results/add_and_norm.md)."""
     return bool(cpu_flags() & set(CPU_BF16_FLAGS)) and on_cpus_only()
+
+
+def in_xla_function():
+    """Whether TensorFlow is tracing a function that XLA will compile (`jit_compile=True`, or
+    inside one, or a TPU computation)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 @functools.cache

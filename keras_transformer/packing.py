@@ -5,9 +5,8 @@ by one gather per projection. TensorFlow only, outside XLA (the number of real t
 from batch to batch)."""
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util  # the XLA context: no public equivalent
 
-from keras_transformer.compiled import on_cpus_only, padding_to_multiple
+from keras_transformer.compiled import in_xla_function, on_cpus_only, padding_to_multiple
 
 # The packed rows are padded with zero rows to a multiple of this. A batch's count of real
 # source tokens is new at nearly every batch, and oneDNN builds each product anew for a row
@@ -20,8 +19,7 @@ def pays_here():
     """Whether the encoder packs its real tokens in this trace: where TensorFlow runs the ops
     (XLA, in a train step compiled with `jit_compile` or on TPUs, needs static row counts),
     on CPUs, where it was measured (benchmarks/results/encoder_packing.md)."""
-    graph = tf.compat.v1.get_default_graph()
-    return on_cpus_only() and not control_flow_util.GraphOrParentsInXlaContext(graph)
+    return on_cpus_only() and not in_xla_function()
 
 
 class RealTokens:
