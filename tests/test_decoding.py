@@ -256,9 +256,15 @@ def test_translator_matches_beam_search_and_keeps_order(sample_tokenizer, rng):
     model.build()
     texts = ["Der Hund schläft.", "", "Die alten Männer sehen keine roten Autos.", "Ich lache.",
              "Er weiß, dass das Kind singt.", "Äpfel?", "Wir warten."]
-    translator = Translator(model, sample_tokenizer, max_extra=6, batch_size=3)
+    # Batches of 2: the first decoded alone, the other two at once (concurrent_batches=2).
+    translator = Translator(model, sample_tokenizer, max_extra=6, batch_size=2)
     translations = translator.translate(texts)
     assert translator.translate([]) == []
+    one_at_a_time = Translator(model, sample_tokenizer, max_extra=6, batch_size=2,
+                               concurrent_batches=1)
+    assert one_at_a_time.translate(texts) == translations
+    with pytest.raises(ValueError, match="concurrent_batches=0"):
+        Translator(model, sample_tokenizer, concurrent_batches=0)
     for text, translation in zip(texts, translations):
         source = translator.encode([text])
         best = beam_search(model, tf.constant(source), bos_id=BOS, eos_id=EOS, max_extra=6)
