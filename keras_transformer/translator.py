@@ -24,8 +24,8 @@ class Translator:
     is settled (`num_return=1`). `beam_size=1` decodes greedily; `penalty` is the length
     penalty's form (see `decoding.length_penalty`). Up to `concurrent_batches` batches are
     decoded at once, each by its own call of the same traced search: one decoding step's ops
-    are too small to keep every core busy, and a second batch's fill the gaps. Each batch's
-    result is the same whatever the number.
+    are too small to keep every core busy, and a second batch's ops fill the gaps. Each
+    batch's result is the same whatever the number.
     """
 
     def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra=50,
