@@ -3,14 +3,17 @@ once as configured and once per variant with model settings changed (`dropout=0`
 `num_heads=8,key_dim=32`), `layer_norm=keras` (Keras' `LayerNormalization`, differentiated
 by autodiff, in place of `kt.LayerNorm`), `add_and_norm=separate|compiled` (training's Add
 & Norm as separate TensorFlow ops, or compiled by XLA under mixed_bfloat16 even where the
-library keeps it separate: `layer_norm.compiles_add_and_norm`) or `bias_gradient=keras` (the
+library keeps it separate: `layer_norm.compiles_add_and_norm`), `bias_gradient=keras` (the
 Dense layers' bias gradients as TensorFlow computes them, where the library sums them by a
-product: `dense.sums_bias_gradient_by_product`), every model built in one
+product: `dense.sums_bias_gradient_by_product`) or `attention_mask=select` (masked scores
+selected, `where(mask, scores, MASKED_SCORE)`, where the library adds the mask as a bias:
+`attention.scaled_dot_product_attention`), every model built in one
 process and timed in alternating rounds so that the machine's drift hits all alike, beside
 the step's matmul floor.
 
     python -m benchmarks.step_ablation [--corpus news|sample] [--precision float32]
-        [--variants dropout=0 layer_norm=keras add_and_norm=compiled ...] [--rounds 5]
+        [--variants dropout=0 layer_norm=keras add_and_norm=compiled attention_mask=select ...]
+        [--rounds 5]
         [--steps 8] [--out benchmarks/results/step_ablation_<corpus>_<precision>.json]
 
 The profiler (`benchmarks.step_profile`) gives each op's time, but ops that run at once share
@@ -53,7 +56,8 @@ def main(argv=None):
                              "per word: key=value[,key=value]; layer_norm=keras for Keras' "
                              "LayerNormalization; add_and_norm=separate|compiled for the Add & "
                              "Norm as separate ops or compiled by XLA; bias_gradient=keras for "
-                             "TensorFlow's bias gradients")
+                             "TensorFlow's bias gradients; attention_mask=select for masked "
+                             "scores selected instead of a bias added")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps per model and round")
     parser.add_argument("--out", default=None)
@@ -66,7 +70,8 @@ def main(argv=None):
     from benchmarks import save
     from trainers import training
 
-    from keras_transformer import dense, stack
+    from keras_transformer import attention, dense, stack
+    from keras_transformer.masks import MASKED_SCORE
 
     @contextlib.contextmanager
     def keras_layer_norm():
@@ -98,6 +103,28 @@ def main(argv=None):
     dense.sums_bias_gradient_by_product = (
         lambda layer: id(layer) not in keras_bias_gradient and sums_by_product(layer))
 
+    @contextlib.contextmanager
+    def selected_attention_mask():
+        """Models traced within select their masked scores (the form before the bias)."""
+        ours = attention.scaled_dot_product_attention
+
+        def selecting(query, key, value, mask=None, drop_weights=None):
+            if mask is None:
+                return ours(query, key, value, None, drop_weights)
+            d_k = query.shape[-1]
+            query = query * keras.ops.cast(d_k**-0.5, query.dtype)
+            scores = keras.ops.cast(keras.ops.einsum("...qd,...kd->...qk", query, key),
+                                    "float32")
+            weights = keras.ops.softmax(keras.ops.where(mask, scores, MASKED_SCORE), axis=-1)
+            applied = weights if drop_weights is None else drop_weights(weights)
+            return keras.ops.matmul(keras.ops.cast(applied, value.dtype), value), weights
+
+        attention.scaled_dot_product_attention = selecting
+        try:
+            yield
+        finally:
+            attention.scaled_dot_product_attention = ours
+
     variants = {"as configured": {}, **{v: parse_variant(v) for v in args.variants}}
     norms = {name: overrides.pop("layer_norm", "ours") for name, overrides in variants.items()}
     if set(norms.values()) - {"ours", "keras"}:
@@ -110,6 +137,10 @@ def main(argv=None):
                       for name, overrides in variants.items()}
     if set(bias_gradients.values()) - {"as configured", "keras"}:
         raise SystemExit("--variants: bias_gradient=keras is the only other bias gradient.")
+    attention_masks = {name: overrides.pop("attention_mask", "as configured")
+                       for name, overrides in variants.items()}
+    if set(attention_masks.values()) - {"as configured", "select"}:
+        raise SystemExit("--variants: attention_mask=select is the only other attention mask.")
     fields = {f.name for f in dataclasses.fields(kt.TransformerConfig)}
     unknown = sorted({key for overrides in variants.values() for key in overrides} - fields)
     if unknown:
@@ -136,7 +167,10 @@ def main(argv=None):
         if bias_gradients[name] == "keras":
             keras_bias_gradient.update(id(layer) for layer in models[name]._flatten_layers()
                                        if isinstance(layer, keras.layers.Dense))
-        models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
+        # The first fit traces the step: the attention mask's form is fixed then.
+        with (selected_attention_mask() if attention_masks[name] == "select"
+              else contextlib.nullcontext()):
+            models[name].fit(dataset, steps_per_epoch=args.steps + 1, epochs=1, verbose=0)
 
     step_times = {name: [] for name in models}
 
@@ -167,7 +201,7 @@ def main(argv=None):
               "real_target_tokens_per_step": real,
               "step_s": {name: statistics.median(t) for name, t in step_times.items()},
               "variants": variants, "layer_norms": norms, "add_and_norms": add_and_norms,
-              "bias_gradients": bias_gradients}
+              "bias_gradients": bias_gradients, "attention_masks": attention_masks}
     save(args.out or f"benchmarks/results/step_ablation_{args.corpus}_{args.precision}.json",
          report, markdown(report))
 

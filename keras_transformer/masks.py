@@ -1,8 +1,8 @@
 """Attention masks: which keys each query may attend to.
 
 Every mask is boolean, True where attending is allowed, and masks combine with `&`. Attention
-gives a masked score `MASKED_SCORE` before the softmax (§3.2.3: "setting to -inf"), so a masked
-key gets weight 0. Three things mask a key:
+adds `MASKED_SCORE` to a masked score before the softmax (§3.2.3: "setting to -inf"), so a
+masked key gets weight 0. Three things mask a key:
 
 - padding: a padded position is no token (`padding_mask`, from the ids);
 - the future: decoder position i sees positions 0 .. i only (§3.2.3, `causal_mask`);
@@ -12,8 +12,9 @@ key gets weight 0. Three things mask a key:
 
 from keras import ops
 
-# Added to masked scores before the softmax: exp() of it underflows to exactly 0 in float32, and
-# a fully masked row gives uniform weights, never NaN (as -inf would).
+# Added to masked scores before the softmax: exp() of the sum underflows to exactly 0 in float32
+# beside any score that is not masked, and a fully masked row stays finite, never NaN (as -inf
+# would make it).
 MASKED_SCORE = -1e9
 
 
