@@ -29,9 +29,10 @@ def scaled_dot_product_attention(query, key, value, mask=None, drop_weights=None
     # decoding cache) at every step.
     scores = ops.cast(ops.einsum("...qd,...kd->...qk", query, key), "float32")
     if mask is not None:
-        # Added as a bias formed at the mask's own shape (one row of it for every head): the
+        # Added as a bias formed at the mask's own shape (one row of it for all heads): the
         # scores' gradient then passes the add untouched, where a select needed a second
-        # select backward, and TensorFlow's broadcasting select was 5x slower than its add.
+        # select backward, and TensorFlow's select with a broadcast mask is several times
+        # slower than its add (README, "The attention mask is added as a bias").
         scores = scores + ops.where(mask, 0.0, MASKED_SCORE)
     weights = ops.softmax(scores, axis=-1)
     applied = weights if drop_weights is None else drop_weights(weights)
